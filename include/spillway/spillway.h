@@ -1,0 +1,395 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * spillway.h: the public C API of Spillway, deferrable device memory (RMMEP-1).
+ *
+ * Device buffers are named by 64-bit handles (spw_buf_t), never by raw pointers. Code
+ * retrieves-and-locks a buffer on a stream (spw_acquire) to get a device pointer that stays
+ * valid until the lock is released; unlocked buffers may be moved ("spilled") to pinned host
+ * memory or to disk when device memory runs short, and are brought back, stream-ordered, by
+ * the next acquire. Locks taken on a stream are released by spw_stream_synchronize (the
+ * stream is synchronized first), by spw_stream_release_async (when the stream's work so far
+ * completes, without blocking the host), or one at a time by spw_release.
+ *
+ * Conventions, for every function below unless its comment says otherwise:
+ *  - it returns SPW_OK (0) on success or a negative spw_status_t; outputs go through pointer
+ *    arguments and are written only on success;
+ *  - a failed call changes nothing (no partial effects);
+ *  - it is thread-safe: any thread may call it on any runtime, buffer and stream at any time;
+ *  - bad input (NULL pointers, zero or absurd sizes, stale, freed or forged handles, handles
+ *    of another runtime, unknown streams) is an error code, never undefined behaviour;
+ *  - an asynchronous call that returns an error never delivers its completion.
+ *
+ * Streams are cudaStream_t values (spw_stream_t is the same type). On the CUDA backend any
+ * stream registered with spw_stream_register, or created with spw_stream_create, may be
+ * used; NULL (the legacy default stream) is always accepted. On the host backend (device
+ * memory emulated in host memory, for machines without a GPU) streams come from
+ * spw_stream_create only, and NULL names a default stream the runtime owns.
+ */
+#ifndef SPILLWAY_SPILLWAY_H
+#define SPILLWAY_SPILLWAY_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(SPW_BUILDING_LIBRARY) && defined(__GNUC__)
+#define SPW_API __attribute__((visibility("default")))
+#else
+#define SPW_API
+#endif
+
+#if defined(__GNUC__)
+#define SPW_NODISCARD __attribute__((warn_unused_result))
+#else
+#define SPW_NODISCARD
+#endif
+
+#define SPW_VERSION_MAJOR 0
+#define SPW_VERSION_MINOR 1
+#define SPW_VERSION_PATCH 0
+
+/* ---------------------------------------------------------------------------------------
+ * Status codes. One table generates the enum, spw_strerror() and spw_err_name().
+ * ------------------------------------------------------------------------------------- */
+#define SPW_STATUS_MAP(X)                                                                    \
+  X(OK, 0, "success")                                                                        \
+  X(ERR_INVALID_ARG, -1, "invalid argument (NULL pointer, zero or absurd size, bad flags)")  \
+  X(ERR_INVALID_HANDLE, -2, "buffer handle is invalid, corrupt or from another runtime")     \
+  X(ERR_FREED, -3, "buffer was freed (stale handle)")                                        \
+  X(ERR_NOT_LOCKED, -4, "buffer holds no lock on this stream")                               \
+  X(ERR_INVALID_STREAM, -5, "stream is unknown to this runtime or was destroyed")            \
+  X(ERR_OUT_OF_MEMORY, -6, "device memory exhausted: the remaining buffers are locked")      \
+  X(ERR_HOST_OUT_OF_MEMORY, -7, "host spill memory exhausted (host limit reached)")          \
+  X(ERR_DISK_FULL, -8, "spill disk full (disk limit reached or ENOSPC)")                     \
+  X(ERR_CUDA, -9, "CUDA runtime error (see spw_last_error)")                                 \
+  X(ERR_IO, -10, "I/O error on the spill file (see spw_last_error)")                         \
+  X(ERR_NO_DEVICE, -11, "no usable CUDA device")                                             \
+  X(ERR_CONFIG, -12, "invalid configuration value (see spw_config_validate)")                \
+  X(ERR_BUSY, -13, "object is in use (buffers still locked)")                                \
+  X(ERR_LOCKED, -14, "buffer is locked and cannot be moved")                                 \
+  X(ERR_WOULD_DEADLOCK, -15, "call would wait on the runtime from inside a callback")        \
+  X(ERR_UNSUPPORTED, -16, "operation not supported by this backend or build")                \
+  X(ERR_NOT_READY, -17, "work has not completed yet")                                        \
+  X(ERR_SYSTEM, -18, "operating system call failed (see spw_last_error)")                    \
+  X(ERR_INTERNAL, -19, "internal error (a bug in Spillway: please report it)")
+
+typedef enum spw_status {
+#define SPW__STATUS_ENUM(name, value, text) SPW_##name = (value),
+  SPW_STATUS_MAP(SPW__STATUS_ENUM)
+#undef SPW__STATUS_ENUM
+} spw_status_t;
+
+/* Human-readable text / symbolic name ("SPW_ERR_FREED") of a status. Never NULL; unknown
+ * codes give "unknown status". Thread-safe; the strings are static. */
+SPW_API const char *spw_strerror(int status);
+SPW_API const char *spw_err_name(int status);
+
+/* ---------------------------------------------------------------------------------------
+ * Types
+ * ------------------------------------------------------------------------------------- */
+typedef struct spw_runtime spw_runtime_t; /* opaque, one per device per process */
+typedef uint64_t spw_buf_t;               /* buffer handle; 0 is never a valid handle */
+#define SPW_BUF_NULL ((spw_buf_t)0)
+
+struct CUstream_st;
+typedef struct CUstream_st *spw_stream_t; /* identical to cudaStream_t */
+
+typedef enum spw_backend_kind {
+  SPW_BACKEND_AUTO = 0, /* CUDA when a device is present, else host */
+  SPW_BACKEND_CUDA = 1,
+  SPW_BACKEND_HOST = 2, /* device memory emulated in host memory, streams as threads */
+} spw_backend_kind_t;
+
+typedef enum spw_io_kind {
+  SPW_IO_AUTO = 0,  /* io_uring when the kernel allows it, else POSIX */
+  SPW_IO_URING = 1, /* io_uring only; runtime creation fails if it is refused */
+  SPW_IO_POSIX = 2, /* pread/pwrite from engine threads */
+} spw_io_kind_t;
+
+typedef enum spw_log_level {
+  SPW_LOG_DEFAULT = 0, /* SPILLWAY_LOG_LEVEL, else WARN */
+  SPW_LOG_OFF = 1,
+  SPW_LOG_ERROR = 2,
+  SPW_LOG_WARN = 3,
+  SPW_LOG_INFO = 4,
+  SPW_LOG_DEBUG = 5,
+} spw_log_level_t;
+
+typedef enum spw_tier {
+  SPW_TIER_DEVICE = 0,
+  SPW_TIER_HOST = 1, /* pinned host memory */
+  SPW_TIER_DISK = 2, /* the runtime's private spill file */
+} spw_tier_t;
+
+typedef enum spw_state {
+  SPW_STATE_RESIDENT = 1,   /* in device memory (tier DEVICE) */
+  SPW_STATE_SPILLING = 2,   /* being copied device -> host; the device copy is still valid */
+  SPW_STATE_HOST = 3,       /* in pinned host memory (tier HOST) */
+  SPW_STATE_DEMOTING = 4,   /* being written host -> disk; the host copy is still valid */
+  SPW_STATE_DISK = 5,       /* in the spill file (tier DISK) */
+  SPW_STATE_UNSPILLING = 6, /* being read back from disk */
+} spw_state_t;
+
+/* ---------------------------------------------------------------------------------------
+ * Configuration. Initialize with SPW_CONFIG_INIT, then set the fields you care about.
+ * A field left at zero (or NULL) takes its SPILLWAY_* environment variable, else the
+ * built-in default; a field the program sets wins over the environment. docs/config.md
+ * lists every variable. A value that cannot be parsed fails runtime creation with
+ * SPW_ERR_CONFIG and spw_config_validate() names the variable or field.
+ * ------------------------------------------------------------------------------------- */
+typedef struct spw_config {
+  size_t struct_size;         /* sizeof(spw_config_t); set by SPW_CONFIG_INIT */
+  int device;                 /* CUDA device ordinal (SPILLWAY_DEVICE, default 0) */
+  spw_backend_kind_t backend; /* SPILLWAY_BACKEND=auto|cuda|host */
+  uint64_t device_limit;      /* bytes (SPILLWAY_DEVICE_LIMIT=bytes|N%|1.5GiB ...);
+                                 default 80% of free device memory at creation */
+  uint64_t host_limit;        /* pinned host bytes for spilled buffers (SPILLWAY_HOST_LIMIT);
+                                 default 25% of physical memory */
+  uint64_t disk_limit;        /* spill file bytes (SPILLWAY_DISK_LIMIT); default: no limit
+                                 beyond the file system's free space */
+  const char *spill_dir;      /* SPILLWAY_SPILL_DIR; default $TMPDIR, else /tmp */
+  spw_io_kind_t io;           /* SPILLWAY_IO=auto|uring|posix */
+  double high_watermark;      /* fraction of device_limit above which the engine spills in
+                                 the background (SPILLWAY_HIGH_WATERMARK, default 0.95) */
+  double low_watermark;       /* background spilling stops below this fraction
+                                 (SPILLWAY_LOW_WATERMARK, default 0.85) */
+  spw_log_level_t log_level;  /* SPILLWAY_LOG_LEVEL=off|error|warn|info|debug */
+  uint64_t host_device_bytes; /* host backend only: emulated device memory
+                                 (SPILLWAY_HOST_DEVICE_BYTES, default 1 GiB) */
+  unsigned flags;             /* SPW_CONFIG_* below */
+} spw_config_t;
+
+#define SPW_CONFIG_IGNORE_ENV 0x1u /* use only the struct and the built-in defaults */
+
+#define SPW_CONFIG_INIT {sizeof(spw_config_t), 0, SPW_BACKEND_AUTO, 0, 0, 0, NULL, SPW_IO_AUTO, \
+                         0.0, 0.0, SPW_LOG_DEFAULT, 0, 0}
+
+/* ---------------------------------------------------------------------------------------
+ * Runtime lifecycle
+ * ------------------------------------------------------------------------------------- */
+
+/* Creates a runtime for one device from `config` (NULL = all defaults and environment).
+ * Errors: SPW_ERR_INVALID_ARG (out NULL, struct_size too small), SPW_ERR_CONFIG (a value
+ * that cannot be parsed or makes no sense, named by spw_config_validate), SPW_ERR_NO_DEVICE
+ * (backend cuda asked for and no device), SPW_ERR_CUDA, SPW_ERR_SYSTEM.
+ * Thread-safe; several runtimes may live in one process. */
+SPW_API SPW_NODISCARD int spw_runtime_create(const spw_config_t *config, spw_runtime_t **out);
+
+/* Resolves `config` (NULL = defaults) and the environment exactly as spw_runtime_create
+ * would, without creating anything, and writes the reason of a failure into `msg` (always
+ * NUL-terminated when len > 0; "" on success): "SPILLWAY_DEVICE_LIMIT='abc': expected bytes
+ * (e.g. 4GiB) or a percentage (e.g. 80%)". spw_runtime_create logs the same text at error
+ * level when it fails. Errors: SPW_ERR_CONFIG, SPW_ERR_INVALID_ARG. */
+SPW_API int spw_config_validate(const spw_config_t *config, char *msg, size_t len);
+
+/* Destroys a runtime: waits for the spill engine, frees every buffer in every tier, closes
+ * the spill file (its contents vanish) and destroys the streams the runtime created.
+ * If any buffer is still locked it returns SPW_ERR_BUSY and destroys nothing: synchronize
+ * (or release) the streams first. No other call on `rt` may run concurrently or follow.
+ * NULL is accepted and does nothing. */
+SPW_API int spw_runtime_destroy(spw_runtime_t *rt);
+
+/* The backend this runtime runs on (never SPW_BACKEND_AUTO once created). */
+SPW_API int spw_runtime_backend(const spw_runtime_t *rt, spw_backend_kind_t *out);
+
+/* The device byte limit and the host and disk limits in force (after defaults and
+ * environment were applied). Any output pointer may be NULL. */
+SPW_API int spw_runtime_limits(const spw_runtime_t *rt, uint64_t *device_limit,
+                               uint64_t *host_limit, uint64_t *disk_limit);
+
+/* Text of the last CUDA / system / I/O error this thread saw on `rt`
+ * ("cudaErrorMemoryAllocation: out of memory"), or "" if none (and for rt NULL). The string
+ * stays valid until this thread's next call on `rt`. */
+SPW_API const char *spw_last_error(const spw_runtime_t *rt);
+
+/* The first error of background work (an asynchronous spill that failed), then clears it;
+ * SPW_OK if none. The buffer involved stays valid in its last good tier. */
+SPW_API int spw_async_error(spw_runtime_t *rt);
+
+/* ---------------------------------------------------------------------------------------
+ * Streams
+ * ------------------------------------------------------------------------------------- */
+
+/* Creates a non-blocking stream owned by the runtime (a cudaStream_t on the CUDA backend,
+ * a FIFO worker thread on the host backend). Destroyed by spw_stream_destroy or with the
+ * runtime. Errors: SPW_ERR_INVALID_ARG, SPW_ERR_CUDA, SPW_ERR_SYSTEM. */
+SPW_API SPW_NODISCARD int spw_stream_create(spw_runtime_t *rt, spw_stream_t *out);
+
+/* Synchronizes `stream`, releases every lock it holds, and destroys it. Errors:
+ * SPW_ERR_INVALID_STREAM (unknown, NULL, or registered rather than created). */
+SPW_API int spw_stream_destroy(spw_runtime_t *rt, spw_stream_t stream);
+
+/* CUDA backend: makes a stream the application created known to the runtime so it may be
+ * passed to acquire. Registering twice is SPW_OK. Host backend: SPW_ERR_UNSUPPORTED. */
+SPW_API int spw_stream_register(spw_runtime_t *rt, spw_stream_t stream);
+
+/* Synchronizes `stream`, releases its locks and forgets it (the stream itself is not
+ * destroyed). Errors: SPW_ERR_INVALID_STREAM. */
+SPW_API int spw_stream_unregister(spw_runtime_t *rt, spw_stream_t stream);
+
+/* syncAndUnlock: blocks until all work enqueued on `stream` completes, then releases every
+ * lock that `stream` held when the call began (locks taken by other threads during the call
+ * are kept). Errors: SPW_ERR_INVALID_STREAM, SPW_ERR_CUDA (the locks are kept),
+ * SPW_ERR_WOULD_DEADLOCK (called from a controller callback). */
+SPW_API int spw_stream_synchronize(spw_runtime_t *rt, spw_stream_t stream);
+
+/* Releases every lock `stream` holds now, when the work enqueued on it so far completes,
+ * without blocking the caller. Locks taken later are not affected. Errors:
+ * SPW_ERR_INVALID_STREAM, SPW_ERR_CUDA (nothing released or scheduled). */
+SPW_API int spw_stream_release_async(spw_runtime_t *rt, spw_stream_t stream);
+
+/* Enqueues fn(arg) on `stream`, after the work enqueued before it (cudaLaunchHostFunc on
+ * the CUDA backend; the same rules apply: fn must not call CUDA or Spillway). */
+SPW_API int spw_launch_host_func(spw_runtime_t *rt, spw_stream_t stream, void (*fn)(void *),
+                                 void *arg);
+
+/* Enqueues a copy of `bytes` (> 0) between any two of device (acquired) and host memory, on
+ * `stream` (cudaMemcpyAsync with cudaMemcpyDefault). For tests and tools on both backends. */
+SPW_API int spw_memcpy_async(spw_runtime_t *rt, void *dst, const void *src, size_t bytes,
+                             spw_stream_t stream);
+
+/* ---------------------------------------------------------------------------------------
+ * Buffers
+ * ------------------------------------------------------------------------------------- */
+#define SPW_MAX_BUFFER_BYTES ((uint64_t)1 << 40) /* 1 TiB; larger requests are rejected */
+
+/* Allocates a deferrable device buffer of `bytes` (contents undefined), stream-ordered on
+ * `stream`. If the device limit would be passed, or the device refuses, unlocked buffers
+ * are spilled first (the call blocks while they are copied out). Errors:
+ * SPW_ERR_INVALID_ARG (bytes 0 or > SPW_MAX_BUFFER_BYTES, out NULL), SPW_ERR_INVALID_STREAM,
+ * SPW_ERR_OUT_OF_MEMORY (what remains on the device is locked; spw_last_error says how
+ * many bytes), SPW_ERR_CUDA. */
+SPW_API SPW_NODISCARD int spw_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_t stream,
+                                    spw_buf_t *out);
+
+/* Frees a buffer. The handle is dead at once: every later use returns SPW_ERR_FREED. If the
+ * buffer is locked, its memory is released only when the last lock is (a kernel still
+ * running on a stream can keep touching it); the holders may still release their locks. */
+SPW_API int spw_free(spw_runtime_t *rt, spw_buf_t buf);
+
+SPW_API int spw_buf_size(spw_runtime_t *rt, spw_buf_t buf, size_t *out);
+SPW_API int spw_buf_state(spw_runtime_t *rt, spw_buf_t buf, spw_state_t *out);
+SPW_API int spw_buf_tier(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t *out);
+/* Current lock count of the buffer (all streams together). */
+SPW_API int spw_buf_lock_count(spw_runtime_t *rt, spw_buf_t buf, uint32_t *out);
+
+/* ---------------------------------------------------------------------------------------
+ * Retrieve-and-lock
+ * ------------------------------------------------------------------------------------- */
+#define SPW_ACQUIRE_READ 0x1u /* read-only use: a host copy is kept after unspill, so
+                                 spilling the buffer again moves no bytes */
+
+/* Retrieves-and-locks `buf` on `stream` and returns its device pointer, valid until this
+ * lock is released. Locks nest: each acquire takes one more. If the buffer is in host
+ * memory, the copy back is enqueued on the engine and `stream` waits on it (the host does
+ * not block, unless room must first be made by spilling); from disk the calling thread
+ * blocks for the read only. The lock is recorded in `stream`'s lock map. Errors:
+ * SPW_ERR_INVALID_HANDLE, SPW_ERR_FREED, SPW_ERR_INVALID_STREAM, SPW_ERR_INVALID_ARG,
+ * SPW_ERR_OUT_OF_MEMORY, SPW_ERR_CUDA, SPW_ERR_IO. */
+SPW_API SPW_NODISCARD int spw_acquire(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream,
+                                      unsigned flags, void **dptr);
+
+/* Acquires `n` buffers on one stream, all or nothing: on error no lock is held and `dptrs`
+ * is untouched. A handle may appear more than once (it is locked that many times). */
+SPW_API SPW_NODISCARD int spw_acquire_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
+                                        spw_stream_t stream, unsigned flags, void **dptrs);
+
+/* Releases one lock that `stream` holds on `buf` at once: the synchronous case
+ * (lockAndLaunch), for when the caller knows the work using it has completed. Errors:
+ * SPW_ERR_NOT_LOCKED (no lock of `stream` on `buf`), SPW_ERR_INVALID_STREAM, handle errors. */
+SPW_API int spw_release(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream);
+
+/* ---------------------------------------------------------------------------------------
+ * Spilling, explicitly
+ * ------------------------------------------------------------------------------------- */
+
+/* Asks the engine to move an unlocked buffer down to `tier` (HOST or DISK), asynchronously.
+ * Completion is observable through spw_buf_state, the controller's state_changed callback
+ * or spw_wait_idle; a failure of the background work is reported through the controller and
+ * spw_async_error, and the buffer stays where it was. A buffer already at or below `tier`
+ * is SPW_OK. Errors: SPW_ERR_LOCKED, SPW_ERR_INVALID_ARG (tier DEVICE), handle errors,
+ * SPW_ERR_UNSUPPORTED (DISK in a build without the disk tier). May be called from a
+ * controller callback. */
+SPW_API int spw_spill(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t tier);
+
+/* Starts bringing `buf` back to the device, ordered on `stream`, without locking it; a later
+ * acquire finds it resident (or arriving). Errors as for spw_acquire. May be called from a
+ * controller callback (from disk, the read then happens on an engine thread). */
+SPW_API int spw_prefetch(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream);
+
+/* Blocks until every spill, demotion and prefetch queued so far has completed. Returns the
+ * first asynchronous error since the last call (and clears it), else SPW_OK.
+ * SPW_ERR_WOULD_DEADLOCK from inside a controller callback. */
+SPW_API int spw_wait_idle(spw_runtime_t *rt);
+
+/* ---------------------------------------------------------------------------------------
+ * Statistics
+ * ------------------------------------------------------------------------------------- */
+typedef struct spw_stats {
+  size_t struct_size;              /* set to sizeof(spw_stats_t) before the call */
+  uint64_t buffers;                /* live buffers */
+  uint64_t device_bytes;           /* bytes held in device memory by buffers */
+  uint64_t host_bytes;             /* bytes of buffers whose authoritative copy is on host */
+  uint64_t disk_bytes;             /* bytes of buffers on disk */
+  uint64_t locked_bytes;           /* bytes of buffers with at least one lock */
+  uint64_t device_limit;
+  uint64_t host_pinned_bytes;      /* pinned host memory held by the arena (slabs) */
+  uint64_t spills, spill_bytes;    /* device -> host */
+  uint64_t unspills, unspill_bytes;/* host -> device */
+  uint64_t demotions, demote_bytes;/* host -> disk */
+  uint64_t disk_reads, disk_read_bytes; /* disk -> device (through staging) */
+  uint64_t disk_writes, disk_write_bytes;
+  uint64_t spills_on_demand;       /* spills forced by an allocation or acquire */
+  uint64_t spills_background;      /* spills started above the high watermark */
+  uint64_t spills_abandoned;       /* spills cancelled by an acquire */
+  uint64_t clean_respills;         /* spills that moved no bytes (clean host copy kept) */
+  uint64_t failures;               /* failed spills, unspills, demotions, reads */
+  uint64_t spill_ns, unspill_ns, demote_ns, disk_read_ns; /* time spent (wall, engine) */
+} spw_stats_t;
+
+/* Fills `out` (set out->struct_size first; fields past it are not written). */
+SPW_API int spw_get_stats(spw_runtime_t *rt, spw_stats_t *out);
+
+/* Writes a one-line summary ("dev 1.2/4.0 GiB, host 3.1 GiB, disk 0 B, spilled 12.4 GiB in
+ * 0.25 s ...") into `buf` (always NUL-terminated when len > 0). */
+SPW_API int spw_stats_summary(spw_runtime_t *rt, char *buf, size_t len);
+
+/* ---------------------------------------------------------------------------------------
+ * Controller (RMMEP-1's controller; Dask-style). Every callback is optional (NULL), runs on
+ * the thread that caused the event (the allocating / freeing thread, or an engine thread for
+ * background work) and never while Spillway holds one of its own locks. From a callback you
+ * may call spw_spill, spw_prefetch, the queries and the statistics; calls that would wait on
+ * the runtime (spw_wait_idle, spw_stream_synchronize) return SPW_ERR_WOULD_DEADLOCK.
+ * ------------------------------------------------------------------------------------- */
+typedef struct spw_state_event {
+  spw_buf_t buf;
+  spw_state_t from, to;
+  uint64_t bytes;       /* bytes moved (0 for a clean re-spill) */
+  uint64_t duration_ns; /* time of the move */
+  int status;           /* SPW_OK, or the error of a failed move (from == to then) */
+} spw_state_event_t;
+
+typedef struct spw_controller {
+  size_t struct_size; /* sizeof(spw_controller_t) */
+  void (*allocated)(void *user, spw_buf_t buf, size_t bytes);
+  void (*freed)(void *user, spw_buf_t buf, size_t bytes);
+  void (*state_changed)(void *user, const spw_state_event_t *event);
+  /* Device memory is short by `bytes_needed`: write up to `max` victims into `victims` and
+   * return how many. Locked or non-resident victims are skipped; if the named ones do not
+   * free enough, least-recently-used buffers make up the rest. */
+  size_t (*pressure)(void *user, uint64_t bytes_needed, spw_buf_t *victims, size_t max);
+} spw_controller_t;
+
+/* Installs (or, with NULL, removes) the controller. Callbacks already running finish
+ * with the old table. */
+SPW_API int spw_set_controller(spw_runtime_t *rt, const spw_controller_t *controller,
+                               void *user);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SPILLWAY_SPILLWAY_H */

@@ -1,0 +1,310 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The disk tier (see disk_tier.h): the spill file, the I/O path and the staging pipelines.
+ *
+ * Staging is bounded: SPW_DISK_PIPES pipelines of SPW_DISK_SLOTS slots of `chunk` bytes,
+ * pinned through the backend and registered with io_uring as fixed buffers. A device
+ * transfer takes one pipeline for its duration; its slots rotate so that the device copy of
+ * one chunk overlaps the disk transfer of another. A slot is reused only after both its disk
+ * transfer and its device copy are known complete. */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+
+#include "disk_tier.h"
+#include "engine.h"
+
+#define SPW_DISK_PIPES 2
+#define SPW_DISK_SLOTS 4
+
+typedef struct pipe {
+  int busy;
+  uint8_t *slot[SPW_DISK_SLOTS];
+  spw_bevent_t *ev[SPW_DISK_SLOTS];
+} pipe_t;
+
+struct spw_disk {
+  spw_spill_file_t *file;
+  spw_io_t *io;
+  size_t chunk;
+  uint8_t *staging;
+  size_t staging_bytes;
+  pthread_mutex_t mu; /* guards pipes[].busy */
+  pthread_cond_t cv;
+  pipe_t pipes[SPW_DISK_PIPES];
+};
+
+static void disk_log(void *ctx, int level, const char *msg) {
+  spw_runtime_t *rt = ctx;
+  spw__log(&rt->log, (spw_log_level_t)level, "%s", msg);
+}
+
+static void disk_error(void *ctx, const char *name, const char *text) {
+  spw_runtime_t *rt = ctx;
+  spw__set_error(rt, SPW_ERR_IO, "%s: %s", name ? name : "io", text ? text : "");
+}
+
+static void destroy_disk(spw_runtime_t *rt, struct spw_disk *d) {
+  if (d->io) spw__io_close(d->io);
+  for (int p = 0; p < SPW_DISK_PIPES; p++)
+    for (int i = 0; i < SPW_DISK_SLOTS; i++)
+      if (d->pipes[p].ev[i]) rt->ops->event_destroy(rt->be, d->pipes[p].ev[i]);
+  if (d->staging) {
+    rt->ops->host_unregister(rt->be, d->staging);
+    munmap(d->staging, d->staging_bytes);
+  }
+  if (d->file) spw__spill_file_close(d->file);
+  pthread_cond_destroy(&d->cv);
+  pthread_mutex_destroy(&d->mu);
+  free(d);
+}
+
+static int create_disk(spw_runtime_t *rt, struct spw_disk **out) {
+  struct spw_disk *d = calloc(1, sizeof *d);
+  if (!d) return SPW_ERR_SYSTEM;
+  pthread_mutex_init(&d->mu, NULL);
+  pthread_cond_init(&d->cv, NULL);
+  d->chunk = rt->kind == SPW_BACKEND_HOST ? (size_t)2 << 20 : (size_t)8 << 20;
+  int st = spw__spill_file_open(rt->settings.spill_dir, rt->settings.disk_limit, 0, disk_log, rt,
+                                &d->file);
+  if (st == SPW_OK) {
+    d->staging_bytes = d->chunk * SPW_DISK_SLOTS * SPW_DISK_PIPES;
+    d->staging = mmap(NULL, d->staging_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                      -1, 0);
+    if (d->staging == MAP_FAILED) {
+      d->staging = NULL;
+      st = spw__set_error(rt, SPW_ERR_SYSTEM, "mmap of %zu bytes of disk staging failed",
+                          d->staging_bytes);
+    }
+  }
+  if (st == SPW_OK) {
+    memset(d->staging, 0, d->staging_bytes); /* touch before pinning: much faster */
+    st = rt->ops->host_register(rt->be, d->staging, d->staging_bytes);
+    if (st != SPW_OK) {
+      munmap(d->staging, d->staging_bytes);
+      d->staging = NULL;
+    }
+  }
+  void *bufs[SPW_DISK_PIPES * SPW_DISK_SLOTS];
+  size_t lens[SPW_DISK_PIPES * SPW_DISK_SLOTS];
+  for (int p = 0; st == SPW_OK && p < SPW_DISK_PIPES; p++) {
+    for (int i = 0; i < SPW_DISK_SLOTS && st == SPW_OK; i++) {
+      int k = p * SPW_DISK_SLOTS + i;
+      d->pipes[p].slot[i] = d->staging + (size_t)k * d->chunk;
+      bufs[k] = d->pipes[p].slot[i];
+      lens[k] = d->chunk;
+      st = rt->ops->event_create(rt->be, &d->pipes[p].ev[i]);
+    }
+  }
+  if (st == SPW_OK) {
+    spw_io_params_t p = {.fd = spw__spill_file_fd(d->file),
+                         .kind = rt->settings.io,
+                         .queue_depth = 32,
+                         .fixed_bufs = bufs,
+                         .fixed_lens = lens,
+                         .n_fixed = SPW_DISK_PIPES * SPW_DISK_SLOTS,
+                         .log = disk_log,
+                         .on_error = disk_error,
+                         .ctx = rt};
+    st = spw__io_open(&p, &d->io);
+  }
+  if (st != SPW_OK) {
+    destroy_disk(rt, d);
+    return st;
+  }
+  spw__log(&rt->log, SPW_LOG_INFO, "disk tier open in %s: %s I/O, %s, staging %zu x %zu B",
+           rt->settings.spill_dir, spw__io_kind(d->io) == SPW_IO_URING ? "io_uring" : "POSIX",
+           spw__spill_file_is_direct(d->file) ? "O_DIRECT" : "buffered", d->chunk,
+           (size_t)(SPW_DISK_PIPES * SPW_DISK_SLOTS));
+  *out = d;
+  return SPW_OK;
+}
+
+int spw__disk_open(spw_runtime_t *rt) {
+  pthread_mutex_lock(&rt->disk_mu);
+  int st = rt->disk_status;
+  if (st == SPW_OK && !rt->disk) {
+    st = create_disk(rt, &rt->disk);
+    if (st != SPW_OK) {
+      rt->disk_status = st;
+      spw__log(&rt->log, SPW_LOG_WARN, "disk tier unavailable (%s): spilling stops at host memory",
+               spw_err_name(st));
+    }
+  }
+  pthread_mutex_unlock(&rt->disk_mu);
+  return st;
+}
+
+void spw__disk_close(spw_runtime_t *rt) {
+  if (rt->disk) destroy_disk(rt, rt->disk);
+  rt->disk = NULL;
+}
+
+void spw__disk_free(spw_runtime_t *rt, spw_disk_extent_t *e) {
+  if (e->bytes && rt->disk) spw__spill_file_free(rt->disk->file, e);
+  *e = (spw_disk_extent_t){0};
+}
+
+static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
+
+int spw__disk_write_host(spw_runtime_t *rt, const void *host_src, size_t bytes,
+                         spw_disk_extent_t *out) {
+  struct spw_disk *d = rt->disk;
+  spw_disk_extent_t e;
+  int st = spw__spill_file_alloc(d->file, bytes, &e);
+  if (st != SPW_OK) return st;
+  size_t len = round_up(bytes, spw__spill_file_alignment(d->file));
+  st = spw__io_write_all(d->io, host_src, len, e.off);
+  if (st != SPW_OK) {
+    spw__spill_file_free(d->file, &e);
+    return st;
+  }
+  *out = e;
+  return SPW_OK;
+}
+
+int spw__disk_read_host(spw_runtime_t *rt, const spw_disk_extent_t *src, void *host_dst,
+                        size_t bytes) {
+  struct spw_disk *d = rt->disk;
+  size_t len = round_up(bytes, spw__spill_file_alignment(d->file));
+  return spw__io_read_all(d->io, host_dst, len, src->off);
+}
+
+static pipe_t *take_pipe(struct spw_disk *d, int *index) {
+  pthread_mutex_lock(&d->mu);
+  for (;;) {
+    for (int p = 0; p < SPW_DISK_PIPES; p++) {
+      if (!d->pipes[p].busy) {
+        d->pipes[p].busy = 1;
+        pthread_mutex_unlock(&d->mu);
+        *index = p;
+        return &d->pipes[p];
+      }
+    }
+    pthread_cond_wait(&d->cv, &d->mu);
+  }
+}
+
+static void give_pipe(struct spw_disk *d, pipe_t *p) {
+  pthread_mutex_lock(&d->mu);
+  p->busy = 0;
+  pthread_cond_signal(&d->cv);
+  pthread_mutex_unlock(&d->mu);
+}
+
+/* Reaps one completion; returns its slot through *slot and its status. */
+static int reap_one(spw_io_t *io, unsigned *slot) {
+  spw_io_completion_t c;
+  int n = spw__io_reap(io, &c, 1, 1);
+  if (n < 0) return n;
+  *slot = (unsigned)c.tag;
+  return c.status;
+}
+
+int spw__disk_write_device(spw_runtime_t *rt, const void *dptr, size_t bytes,
+                           spw_disk_extent_t *out) {
+  struct spw_disk *d = rt->disk;
+  spw_disk_extent_t e;
+  int st = spw__spill_file_alloc(d->file, bytes, &e);
+  if (st != SPW_OK) return st;
+  size_t align = spw__spill_file_alignment(d->file);
+  int pi;
+  pipe_t *p = take_pipe(d, &pi);
+  spw_stream_t d2h = spw__engine_d2h(rt);
+  int in_flight[SPW_DISK_SLOTS] = {0};
+  unsigned pending = 0;
+  size_t nchunks = (bytes + d->chunk - 1) / d->chunk;
+  for (size_t i = 0; i < nchunks && st == SPW_OK; i++) {
+    unsigned k = (unsigned)(i % SPW_DISK_SLOTS);
+    /* The slot's previous write must be done before the copy overwrites it. */
+    while (in_flight[k] && st == SPW_OK) {
+      unsigned done;
+      int r = reap_one(d->io, &done);
+      if (r != SPW_OK) st = r;
+      in_flight[done % SPW_DISK_SLOTS] = 0;
+      pending--;
+    }
+    if (st != SPW_OK) break;
+    size_t off = i * d->chunk, len = bytes - off < d->chunk ? bytes - off : d->chunk;
+    st = rt->ops->memcpy_async(rt->be, p->slot[k], (const uint8_t *)dptr + off, len, d2h);
+    if (st == SPW_OK) st = rt->ops->event_record(rt->be, p->ev[k], d2h);
+    if (st == SPW_OK) st = rt->ops->event_sync(rt->be, p->ev[k]);
+    if (st == SPW_OK)
+      st = spw__io_submit_write(d->io, p->slot[k], round_up(len, align), e.off + off,
+                                pi * SPW_DISK_SLOTS + (int)k, k);
+    if (st == SPW_OK) {
+      in_flight[k] = 1;
+      pending++;
+    }
+  }
+  while (pending > 0) { /* drain, keeping the first error */
+    unsigned done;
+    int r = reap_one(d->io, &done);
+    if (r != SPW_OK && st == SPW_OK) st = r;
+    pending--;
+  }
+  give_pipe(d, p);
+  if (st != SPW_OK) {
+    spw__spill_file_free(d->file, &e);
+    return st;
+  }
+  *out = e;
+  return SPW_OK;
+}
+
+int spw__disk_read_device(spw_runtime_t *rt, const spw_disk_extent_t *src, void *dptr,
+                          size_t bytes) {
+  struct spw_disk *d = rt->disk;
+  if (!d) return SPW_ERR_INTERNAL;
+  size_t align = spw__spill_file_alignment(d->file);
+  int pi;
+  pipe_t *p = take_pipe(d, &pi);
+  spw_stream_t h2d = spw__engine_h2d(rt);
+  size_t nchunks = (bytes + d->chunk - 1) / d->chunk;
+  size_t next = 0;   /* next chunk to read */
+  unsigned pending = 0;
+  int st = SPW_OK;
+  size_t chunk_of[SPW_DISK_SLOTS];
+  /* Prime every slot with a read, then: a read lands -> its upload is enqueued -> once the
+   * upload has left the slot, the slot reads the next chunk. */
+  for (; next < nchunks && next < SPW_DISK_SLOTS && st == SPW_OK; next++) {
+    size_t off = next * d->chunk, len = bytes - off < d->chunk ? bytes - off : d->chunk;
+    chunk_of[next] = next;
+    st = spw__io_submit_read(d->io, p->slot[next], round_up(len, align), src->off + off,
+                             pi * SPW_DISK_SLOTS + (int)next, next);
+    if (st == SPW_OK) pending++;
+  }
+  while (pending > 0) {
+    unsigned k;
+    int r = reap_one(d->io, &k);
+    pending--;
+    if (r != SPW_OK) {
+      if (st == SPW_OK) st = r;
+      continue;
+    }
+    if (st != SPW_OK) continue;
+    size_t c = chunk_of[k];
+    size_t off = c * d->chunk, len = bytes - off < d->chunk ? bytes - off : d->chunk;
+    st = rt->ops->memcpy_async(rt->be, (uint8_t *)dptr + off, p->slot[k], len, h2d);
+    if (st == SPW_OK) st = rt->ops->event_record(rt->be, p->ev[k], h2d);
+    if (st == SPW_OK && next < nchunks) {
+      st = rt->ops->event_sync(rt->be, p->ev[k]);
+      size_t noff = next * d->chunk, nlen = bytes - noff < d->chunk ? bytes - noff : d->chunk;
+      chunk_of[k] = next;
+      if (st == SPW_OK)
+        st = spw__io_submit_read(d->io, p->slot[k], round_up(nlen, align), src->off + noff,
+                                 pi * SPW_DISK_SLOTS + (int)k, k);
+      if (st == SPW_OK) {
+        pending++;
+        next++;
+      }
+    }
+  }
+  /* Every upload must have left the staging slots before they are reused, and the data must
+   * be on the device when we return. */
+  for (int k = 0; k < SPW_DISK_SLOTS; k++) {
+    int r = rt->ops->event_sync(rt->be, p->ev[k]);
+    if (r != SPW_OK && st == SPW_OK) st = r;
+  }
+  give_pipe(d, p);
+  return st;
+}

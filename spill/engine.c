@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The spill engine's worker: a job queue (explicit spills, prefetches from disk) and the
+ * background spiller that keeps device usage under the high watermark. Jobs are taken in
+ * bulk, so explicit spills queued together go out as one batch. Background spilling is
+ * triggered by a kick from the reservation path and spills down to the low watermark, so
+ * that allocations usually find room without spilling on demand. */
+#include <stdlib.h>
+
+#include "disk_tier.h"
+#include "engine.h"
+
+typedef enum { JOB_SPILL, JOB_PREFETCH } job_kind_t;
+
+typedef struct job {
+  job_kind_t kind;
+  spw_buf_t h;
+  spw_tier_t tier;
+  spw_stream_t bstream;
+  struct job *next;
+} job_t;
+
+struct spw_engine {
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;      /* worker: jobs, kick or stop */
+  pthread_cond_t idle_cv; /* waiters: queue empty and worker idle */
+  job_t *head, *tail;
+  int kicked, busy, stop, started;
+  spw_stream_t d2h, h2d;
+};
+
+spw_stream_t spw__engine_d2h(spw_runtime_t *rt) { return rt->engine->d2h; }
+spw_stream_t spw__engine_h2d(spw_runtime_t *rt) { return rt->engine->h2d; }
+
+static void run_spills(spw_runtime_t *rt, job_t *jobs) {
+  size_t n = 0;
+  for (job_t *j = jobs; j; j = j->next)
+    if (j->kind == JOB_SPILL) n++;
+  if (n == 0) return;
+  spw_victim_t *v = malloc(n * sizeof *v);
+  if (!v) {
+    spw__set_async_error(rt, SPW_ERR_SYSTEM);
+    return;
+  }
+  size_t nv = 0;
+  for (job_t *j = jobs; j; j = j->next) {
+    if (j->kind != JOB_SPILL) continue;
+    spw_slot_t *s;
+    uint64_t w;
+    if (spw__handles_lookup(&rt->handles, j->h, &s, &w) != SPW_OK) continue;
+    uint32_t state = spw__w_state(w);
+    if (state == SPW_STATE_HOST && j->tier == SPW_TIER_DISK) {
+      int st = spw__demote(rt, j->h);
+      if (st != SPW_OK && st != SPW_ERR_BUSY && st != SPW_ERR_FREED) spw__set_async_error(rt, st);
+      continue;
+    }
+    if (state != SPW_STATE_RESIDENT) continue; /* moved meanwhile: nothing to do */
+    spw_victim_t one;
+    if (!spw__victim_claim(rt, j->h, s, &one)) {
+      /* Locked again since the request: report it, the buffer stays resident. */
+      spw_state_event_t ev = {j->h, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, 0, SPW_ERR_LOCKED};
+      spw__notify_state(rt, &ev);
+      continue;
+    }
+    if (j->tier == SPW_TIER_DISK) {
+      int st = spw__spill_to_disk(rt, &one);
+      if (st != SPW_OK && st != SPW_ERR_BUSY) spw__set_async_error(rt, st);
+    } else {
+      v[nv++] = one;
+    }
+  }
+  if (nv > 0) spw__spill_batch(rt, v, nv, 0);
+  free(v);
+}
+
+static void run_prefetches(spw_runtime_t *rt, job_t *jobs) {
+  for (job_t *j = jobs; j; j = j->next) {
+    if (j->kind != JOB_PREFETCH) continue;
+    spw_slot_t *s;
+    uint64_t w;
+    if (spw__handles_lookup(&rt->handles, j->h, &s, &w) != SPW_OK) continue;
+    spw_state_event_t ev = {0};
+    void *d;
+    int st = SPW_OK;
+    pthread_mutex_lock(&s->mu);
+    w = atomic_load(&s->word);
+    if (spw__w_gen(w) == spw__handle_gen(j->h) && !(w & SPW_W_FREE_PENDING)) {
+      if (spw__w_state(w) == SPW_STATE_DISK)
+        st = spw__unspill_disk(rt, s, j->h, j->bstream, 0, 0, &d, &ev);
+      else if (spw__w_state(w) == SPW_STATE_HOST)
+        st = spw__unspill_host(rt, s, j->h, j->bstream, SPW_ACQUIRE_READ, 0, &d, &ev);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (ev.buf) spw__notify_state(rt, &ev);
+    if (st != SPW_OK && st != SPW_ERR_FREED) spw__set_async_error(rt, st);
+  }
+}
+
+static void run_background(spw_runtime_t *rt) {
+  for (;;) {
+    uint64_t used = atomic_load(&rt->device_used);
+    uint64_t out = atomic_load(&rt->spilling_bytes);
+    if (used <= out || used - out <= rt->high_bytes) return;
+    if (spw__spill_lru(rt, used - out - rt->low_bytes, 1) == 0) return;
+  }
+}
+
+static void *worker(void *arg) {
+  spw_runtime_t *rt = arg;
+  spw_engine_t *e = rt->engine;
+  pthread_mutex_lock(&e->mu);
+  for (;;) {
+    while (!e->head && !e->kicked && !e->stop) pthread_cond_wait(&e->cv, &e->mu);
+    if (!e->head && !e->kicked && e->stop) break;
+    job_t *jobs = e->head;
+    e->head = e->tail = NULL;
+    e->kicked = 0;
+    e->busy = 1;
+    pthread_mutex_unlock(&e->mu);
+
+    run_spills(rt, jobs);
+    run_prefetches(rt, jobs);
+    while (jobs) {
+      job_t *n = jobs->next;
+      free(jobs);
+      jobs = n;
+    }
+    run_background(rt);
+
+    pthread_mutex_lock(&e->mu);
+    e->busy = 0;
+    if (!e->head) pthread_cond_broadcast(&e->idle_cv);
+  }
+  pthread_mutex_unlock(&e->mu);
+  return NULL;
+}
+
+int spw__engine_start(spw_runtime_t *rt) {
+  spw_engine_t *e = calloc(1, sizeof *e);
+  if (!e) return SPW_ERR_SYSTEM;
+  pthread_mutex_init(&e->mu, NULL);
+  pthread_cond_init(&e->cv, NULL);
+  pthread_cond_init(&e->idle_cv, NULL);
+  rt->engine = e;
+  int st = rt->ops->stream_create(rt->be, &e->d2h);
+  if (st == SPW_OK) st = rt->ops->stream_create(rt->be, &e->h2d);
+  if (st == SPW_OK && pthread_create(&e->thread, NULL, worker, rt) != 0) st = SPW_ERR_SYSTEM;
+  if (st == SPW_OK) e->started = 1;
+  return st; /* on error the caller runs spw__engine_stop */
+}
+
+void spw__engine_stop(spw_runtime_t *rt) {
+  spw_engine_t *e = rt->engine;
+  if (!e) return;
+  if (e->started) {
+    pthread_mutex_lock(&e->mu);
+    e->stop = 1;
+    pthread_cond_signal(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    pthread_join(e->thread, NULL);
+  }
+  if (e->d2h) rt->ops->stream_destroy(rt->be, e->d2h);
+  if (e->h2d) rt->ops->stream_destroy(rt->be, e->h2d);
+  pthread_cond_destroy(&e->idle_cv);
+  pthread_cond_destroy(&e->cv);
+  pthread_mutex_destroy(&e->mu);
+  free(e);
+  rt->engine = NULL;
+}
+
+void spw__engine_kick(spw_runtime_t *rt) {
+  spw_engine_t *e = rt->engine;
+  pthread_mutex_lock(&e->mu);
+  if (!e->kicked) {
+    e->kicked = 1;
+    pthread_cond_signal(&e->cv);
+  }
+  pthread_mutex_unlock(&e->mu);
+}
+
+static int submit(spw_runtime_t *rt, job_t *j) {
+  spw_engine_t *e = rt->engine;
+  pthread_mutex_lock(&e->mu);
+  j->next = NULL;
+  if (e->tail) e->tail->next = j;
+  else e->head = j;
+  e->tail = j;
+  pthread_cond_signal(&e->cv);
+  pthread_mutex_unlock(&e->mu);
+  return SPW_OK;
+}
+
+int spw__engine_submit_spill(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier) {
+  job_t *j = calloc(1, sizeof *j);
+  if (!j) return SPW_ERR_SYSTEM;
+  j->kind = JOB_SPILL;
+  j->h = h;
+  j->tier = tier;
+  return submit(rt, j);
+}
+
+int spw__engine_submit_prefetch(spw_runtime_t *rt, spw_buf_t h, spw_stream_t bstream) {
+  job_t *j = calloc(1, sizeof *j);
+  if (!j) return SPW_ERR_SYSTEM;
+  j->kind = JOB_PREFETCH;
+  j->h = h;
+  j->bstream = bstream;
+  return submit(rt, j);
+}
+
+void spw__engine_wait_idle(spw_runtime_t *rt) {
+  spw_engine_t *e = rt->engine;
+  pthread_mutex_lock(&e->mu);
+  while (e->head || e->busy || e->kicked) pthread_cond_wait(&e->idle_cv, &e->mu);
+  pthread_mutex_unlock(&e->mu);
+}

@@ -1,0 +1,331 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The pinned host arena (see host_arena.h): slabs of anonymous memory, populated at mmap
+ * time and registered with the backend, sub-allocated first fit in 4096-byte units.
+ *
+ * Each slab keeps its free space as a sorted array of ranges with no two adjacent (freeing
+ * coalesces with both neighbours). The array always has room for one more range than the
+ * slab has live extents: free ranges are the gaps between extents, so there are never more
+ * than extents + 1 of them, and spw__arena_free (which cannot fail) never allocates. The
+ * room is made in spw__arena_alloc, before anything is changed.
+ *
+ * Slab sizes: slab_bytes, or less when only less fits under the limit (so the last part of
+ * the limit is usable), or a dedicated slab of the request's own size when the request is
+ * larger than slab_bytes. mapped <= limit at every moment.
+ *
+ * Empty slabs: a dedicated slab is given back as soon as its extent is. At most one empty
+ * ordinary slab is kept mapped and registered, so that a buffer spilled and unspilled over
+ * and over does not pay a 256 MiB mmap + populate + register each time; a second slab
+ * that empties is given back, and the kept one is given back when a new slab needs its
+ * room under the limit. Allocation prefers slabs in use, so the kept one stays empty when
+ * it can.
+ *
+ * Locking: one mutex guards everything. mmap, populate and registration of a new slab run
+ * under it (header contract: only host_register / host_unregister of a slab being added or
+ * removed are called with it held). That serializes allocation for the few milliseconds a
+ * slab takes to map, which is rare (once per slab_bytes) and keeps the limit exact.
+ */
+#include "host_arena.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#define DEFAULT_SLAB_BYTES ((size_t)256 << 20)
+#define INITIAL_RANGES 16
+
+typedef struct free_range {
+  size_t off, len;
+} free_range_t;
+
+typedef struct slab {
+  uint8_t *base;
+  size_t bytes;
+  size_t in_use;
+  size_t extents;     /* live extents */
+  int dedicated;      /* mapped for one request larger than slab_bytes */
+  free_range_t *free; /* sorted by off, coalesced */
+  size_t nfree, cap;  /* cap >= extents + 1 */
+} slab_t;
+
+struct spw_host_arena {
+  const spw_backend_ops_t *ops;
+  spw_backend_t *b;
+  uint64_t limit; /* 0 = none */
+  size_t slab_bytes;
+  size_t page; /* slab sizes are multiples of this: max(system page, SPW_ARENA_ALIGN) */
+  pthread_mutex_t mu;
+  slab_t **slots; /* slot i holds the slab of extents with .slab == i; NULL = unused */
+  uint32_t nslots;
+  uint64_t in_use, mapped, nslabs;
+};
+
+static size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
+
+int spw__arena_create(const spw_backend_ops_t *ops, spw_backend_t *b, uint64_t limit,
+                      size_t slab_bytes, spw_host_arena_t **out) {
+  if (!ops || !ops->host_register || !ops->host_unregister || !out) return SPW_ERR_INVALID_ARG;
+  long sys_page = sysconf(_SC_PAGESIZE);
+  size_t page = sys_page > (long)SPW_ARENA_ALIGN ? (size_t)sys_page : SPW_ARENA_ALIGN;
+  if (slab_bytes == 0) slab_bytes = DEFAULT_SLAB_BYTES;
+  if (slab_bytes > SIZE_MAX - page) return SPW_ERR_INVALID_ARG;
+  slab_bytes = round_up(slab_bytes, page);
+
+  spw_host_arena_t *a = calloc(1, sizeof *a);
+  if (!a) return SPW_ERR_SYSTEM;
+  if (pthread_mutex_init(&a->mu, NULL) != 0) {
+    free(a);
+    return SPW_ERR_SYSTEM;
+  }
+  a->ops = ops;
+  a->b = b;
+  a->limit = limit;
+  a->slab_bytes = slab_bytes;
+  a->page = page;
+  *out = a;
+  return SPW_OK;
+}
+
+/* Unregisters, unmaps and forgets slot i. Called with the mutex held. */
+static void release_slab(spw_host_arena_t *a, uint32_t i) {
+  slab_t *s = a->slots[i];
+  /* An unregister failure cannot be reported from here (free and destroy cannot fail);
+   * unmapping anyway at worst leaves the pages pinned by the driver until exit, which is
+   * better than keeping an unusable slab counted against the limit. */
+  (void)a->ops->host_unregister(a->b, s->base);
+  munmap(s->base, s->bytes);
+  a->mapped -= s->bytes;
+  a->nslabs--;
+  free(s->free);
+  free(s);
+  a->slots[i] = NULL;
+}
+
+void spw__arena_destroy(spw_host_arena_t *a) {
+  if (!a) return;
+  for (uint32_t i = 0; i < a->nslots; i++)
+    if (a->slots[i]) release_slab(a, i);
+  free(a->slots);
+  pthread_mutex_destroy(&a->mu);
+  free(a);
+}
+
+/* The free range where `need` bytes fit first, or -1. */
+static long find_fit(const slab_t *s, size_t need) {
+  for (size_t r = 0; r < s->nfree; r++)
+    if (s->free[r].len >= need) return (long)r;
+  return -1;
+}
+
+/* Makes room for extents + 2 ranges, so the invariant holds after one more extent. */
+static int reserve_ranges(slab_t *s) {
+  if (s->cap >= s->extents + 2) return SPW_OK;
+  size_t cap = s->cap * 2;
+  free_range_t *f = realloc(s->free, cap * sizeof *f);
+  if (!f) return SPW_ERR_SYSTEM;
+  s->free = f;
+  s->cap = cap;
+  return SPW_OK;
+}
+
+/* Carves `need` bytes from the front of range r. Cannot fail. */
+static size_t take(spw_host_arena_t *a, slab_t *s, size_t r, size_t need) {
+  size_t off = s->free[r].off;
+  s->free[r].off += need;
+  s->free[r].len -= need;
+  if (s->free[r].len == 0) {
+    memmove(&s->free[r], &s->free[r + 1], (s->nfree - r - 1) * sizeof s->free[0]);
+    s->nfree--;
+  }
+  s->in_use += need;
+  s->extents++;
+  a->in_use += need;
+  return off;
+}
+
+/* An empty ordinary slab other than slot `except` (the kept one), or -1. */
+static long find_spare(const spw_host_arena_t *a, long except) {
+  for (uint32_t i = 0; i < a->nslots; i++)
+    if ((long)i != except && a->slots[i] && a->slots[i]->extents == 0 &&
+        !a->slots[i]->dedicated)
+      return (long)i;
+  return -1;
+}
+
+/* Maps, populates and registers a slab for a request of `need` bytes (already rounded) into
+ * a free slot. Called with the mutex held. */
+static int add_slab(spw_host_arena_t *a, size_t need, uint32_t *slot) {
+  int dedicated = need > a->slab_bytes;
+  size_t size = a->slab_bytes;
+  if (dedicated) {
+    if (need > SIZE_MAX - a->page) return SPW_ERR_HOST_OUT_OF_MEMORY;
+    size = round_up(need, a->page);
+  }
+
+  long spare = -1;
+  if (a->limit) {
+    uint64_t room = a->limit > a->mapped ? a->limit - a->mapped : 0;
+    if (room < size && (spare = find_spare(a, -1)) >= 0) room += a->slots[spare]->bytes;
+    else spare = -1;
+    if (room < size && !dedicated) size = (size_t)(room / a->page * a->page);
+    if (room < size || size < need) return SPW_ERR_HOST_OUT_OF_MEMORY;
+  }
+
+  /* Find (or grow to) a free slot before mapping, so no failure follows registration. */
+  uint32_t i = 0;
+  while (i < a->nslots && a->slots[i]) i++;
+  if (i == a->nslots) {
+    if (a->nslots >= UINT32_MAX / 2) return SPW_ERR_SYSTEM;
+    uint32_t n = a->nslots ? a->nslots * 2 : 8;
+    slab_t **t = realloc(a->slots, n * sizeof *t);
+    if (!t) return SPW_ERR_SYSTEM;
+    memset(t + a->nslots, 0, (n - a->nslots) * sizeof *t);
+    a->slots = t;
+    a->nslots = n;
+  }
+  slab_t *s = calloc(1, sizeof *s);
+  free_range_t *f = malloc(INITIAL_RANGES * sizeof *f);
+  if (!s || !f) {
+    free(s);
+    free(f);
+    return SPW_ERR_SYSTEM;
+  }
+  if (spare >= 0) release_slab(a, (uint32_t)spare);
+
+  /* MAP_POPULATE faults every page in now: registering memory already present is fast,
+   * and the faults are not paid later inside a copy. */
+  void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+  if (p == MAP_FAILED) {
+    free(s);
+    free(f);
+    return SPW_ERR_SYSTEM;
+  }
+  int st = a->ops->host_register(a->b, p, size);
+  if (st != SPW_OK) {
+    munmap(p, size);
+    free(s);
+    free(f);
+    return st;
+  }
+  s->base = p;
+  s->bytes = size;
+  s->dedicated = dedicated;
+  s->free = f;
+  s->cap = INITIAL_RANGES;
+  s->nfree = 1;
+  f[0].off = 0;
+  f[0].len = size;
+  a->slots[i] = s;
+  a->mapped += size;
+  a->nslabs++;
+  *slot = i;
+  return SPW_OK;
+}
+
+int spw__arena_alloc(spw_host_arena_t *a, size_t bytes, spw_host_extent_t *out) {
+  if (!a || !out || bytes == 0 || bytes > SIZE_MAX - SPW_ARENA_ALIGN)
+    return SPW_ERR_INVALID_ARG;
+  size_t need = round_up(bytes, SPW_ARENA_ALIGN);
+
+  pthread_mutex_lock(&a->mu);
+  int st = SPW_OK;
+  uint32_t slot = 0;
+  long r = -1;
+  /* Pass 0: slabs in use; pass 1: the kept empty slab. */
+  for (int pass = 0; pass < 2 && r < 0; pass++) {
+    for (slot = 0; slot < a->nslots; slot++) {
+      slab_t *s = a->slots[slot];
+      if (!s || (s->extents == 0) != (pass == 1)) continue;
+      if ((r = find_fit(s, need)) >= 0) break;
+    }
+  }
+  if (r < 0) {
+    st = add_slab(a, need, &slot);
+    if (st == SPW_OK) r = 0;
+  }
+  if (st == SPW_OK) st = reserve_ranges(a->slots[slot]);
+  if (st != SPW_OK) {
+    /* A slab just added for this request is empty again: apply the empty-slab policy. */
+    if (r >= 0 && a->slots[slot]->extents == 0 &&
+        (a->slots[slot]->dedicated || find_spare(a, (long)slot) >= 0))
+      release_slab(a, slot);
+    pthread_mutex_unlock(&a->mu);
+    return st;
+  }
+  slab_t *s = a->slots[slot];
+  size_t off = take(a, s, (size_t)r, need);
+  out->ptr = s->base + off;
+  out->bytes = need;
+  out->slab = slot;
+  pthread_mutex_unlock(&a->mu);
+  return SPW_OK;
+}
+
+/* Index of the first free range starting after `off`. */
+static size_t upper_bound(const slab_t *s, size_t off) {
+  size_t lo = 0, hi = s->nfree;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (s->free[mid].off <= off) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+void spw__arena_free(spw_host_arena_t *a, spw_host_extent_t *e) {
+  if (!a || !e || !e->ptr) return;
+  pthread_mutex_lock(&a->mu);
+  /* An extent that is not a live one of this arena (forged, or freed twice from a copy of
+   * the struct) is ignored rather than corrupting the free lists. */
+  slab_t *s = e->slab < a->nslots ? a->slots[e->slab] : NULL;
+  uintptr_t p = (uintptr_t)e->ptr, base = s ? (uintptr_t)s->base : 0;
+  if (!s || p < base || p - base >= s->bytes) goto out;
+  size_t off = (size_t)(p - base), len = e->bytes;
+  if (off % SPW_ARENA_ALIGN || len == 0 || len % SPW_ARENA_ALIGN || len > s->bytes - off)
+    goto out;
+  size_t i = upper_bound(s, off);
+  free_range_t *prev = i > 0 ? &s->free[i - 1] : NULL;
+  free_range_t *next = i < s->nfree ? &s->free[i] : NULL;
+  if ((prev && prev->off + prev->len > off) || (next && next->off < off + len)) goto out;
+
+  int join_prev = prev && prev->off + prev->len == off;
+  int join_next = next && off + len == next->off;
+  if (join_prev && join_next) {
+    prev->len += len + next->len;
+    memmove(&s->free[i], &s->free[i + 1], (s->nfree - i - 1) * sizeof s->free[0]);
+    s->nfree--;
+  } else if (join_prev) {
+    prev->len += len;
+  } else if (join_next) {
+    next->off = off;
+    next->len += len;
+  } else {
+    /* Room is guaranteed: cap >= extents + 1 > nfree. */
+    memmove(&s->free[i + 1], &s->free[i], (s->nfree - i) * sizeof s->free[0]);
+    s->free[i].off = off;
+    s->free[i].len = len;
+    s->nfree++;
+  }
+  s->in_use -= len;
+  s->extents--;
+  a->in_use -= len;
+
+  if (s->extents == 0 && (s->dedicated || find_spare(a, (long)e->slab) >= 0))
+    release_slab(a, e->slab);
+  e->ptr = NULL;
+  e->bytes = 0;
+out:
+  pthread_mutex_unlock(&a->mu);
+}
+
+void spw__arena_get_stats(spw_host_arena_t *a, spw_arena_stats_t *out) {
+  if (!a || !out) return;
+  pthread_mutex_lock(&a->mu);
+  out->in_use = a->in_use;
+  out->mapped = a->mapped;
+  out->slabs = a->nslabs;
+  out->limit = a->limit;
+  pthread_mutex_unlock(&a->mu);
+}

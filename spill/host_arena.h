@@ -1,0 +1,58 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private header, never installed: the pinned host arena.
+ *
+ * Spilled buffers live in large slabs of host memory: anonymous mmap, touched page by page,
+ * then pinned through the backend's host_register (registering touched memory runs at about
+ * 26 GB/s on an H200, cudaMallocHost at 1.5 GB/s). Anonymous mmap rather than cudaHostAlloc
+ * so that the disk tier can use the same memory for O_DIRECT I/O. Slabs are grown on demand
+ * up to the host byte limit and unmapped when they become empty.
+ *
+ * Invariants: every extent is 4096-byte aligned and its length rounded up to 4096 (so it can
+ * be written to an O_DIRECT file as is); extents never cross slabs; in_use <= mapped <= limit
+ * (a single buffer larger than slab_bytes gets a slab of its own size).
+ * Thread-safe: one mutex guards the slab list and free lists; no backend call is made while
+ * it is held except host_register / host_unregister of a slab being added or removed.
+ */
+#ifndef SPILLWAY_SPILL_HOST_ARENA_H
+#define SPILLWAY_SPILL_HOST_ARENA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "../src/backend.h"
+
+#define SPW_ARENA_ALIGN 4096u
+
+typedef struct spw_host_arena spw_host_arena_t;
+
+typedef struct spw_host_extent {
+  void *ptr;     /* NULL when the extent is empty */
+  size_t bytes;  /* rounded up to SPW_ARENA_ALIGN */
+  uint32_t slab; /* index of the owning slab (internal) */
+} spw_host_extent_t;
+
+typedef struct spw_arena_stats {
+  uint64_t in_use;     /* bytes handed out */
+  uint64_t mapped;     /* bytes of slabs mapped and pinned */
+  uint64_t slabs;      /* number of slabs */
+  uint64_t limit;
+} spw_arena_stats_t;
+
+/* `limit` bytes at most (0 = none); slabs of `slab_bytes` (rounded to pages; 0 = 256 MiB).
+ * The arena calls ops->host_register / host_unregister on b for each slab. */
+int spw__arena_create(const spw_backend_ops_t *ops, spw_backend_t *b, uint64_t limit,
+                      size_t slab_bytes, spw_host_arena_t **out);
+/* Unregisters and unmaps every slab, whether or not extents are still out. */
+void spw__arena_destroy(spw_host_arena_t *a);
+
+/* Returns SPW_ERR_HOST_OUT_OF_MEMORY when the limit would be passed (nothing changes),
+ * SPW_ERR_SYSTEM when mmap fails, the backend's error when registration fails (the slab is
+ * unmapped again). `bytes` > 0. */
+int spw__arena_alloc(spw_host_arena_t *a, size_t bytes, spw_host_extent_t *out);
+/* Returns an extent; an empty extent (ptr NULL) is ignored. A slab whose extents have all
+ * come back is unregistered and unmapped. */
+void spw__arena_free(spw_host_arena_t *a, spw_host_extent_t *e);
+
+void spw__arena_get_stats(spw_host_arena_t *a, spw_arena_stats_t *out);
+
+#endif /* SPILLWAY_SPILL_HOST_ARENA_H */

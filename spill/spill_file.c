@@ -1,0 +1,488 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The runtime's private spill file and its extent allocator (contract: spill_file.h).
+ *
+ * The file is anonymous from birth (O_TMPFILE, or an O_EXCL name unlinked at once), mode
+ * 0600, and O_DIRECT where the file system allows it, so no other user can open it and its
+ * blocks go back to the file system when the process exits, however it exits.
+ *
+ * Invariants, all under `mu`:
+ *  - `size` is the file size we manage; it is a multiple of `align` and never exceeds
+ *    `limit` (when there is one);
+ *  - the free list is sorted by offset, its extents are aligned, non-empty, lie inside
+ *    [0, size), never overlap and never touch (touching neighbours are merged at once);
+ *  - every byte of [0, size) is either in exactly one free extent or handed out:
+ *    in_use + sum(free) == size;
+ *  - a failed allocation leaves size, the free list and in_use as they were.
+ * Space is reserved with fallocate before an extent is handed out, so ENOSPC shows up here
+ * and not in the middle of a write; extents that come back are punched out so the file
+ * system gets the blocks back, and re-reserved when they are handed out again.
+ */
+#include "spill_file.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "spillway/spillway.h"
+
+#define SPW_FILE_MIN_ALIGN 4096u
+#define SPW_FILE_DEFAULT_STEP ((uint64_t)256 << 20)
+/* off_t is signed: no extent may end past this. */
+#define SPW_FILE_MAX_BYTES ((uint64_t)INT64_MAX)
+
+struct spw_spill_file {
+  int fd;
+  int direct;
+  int no_fallocate; /* the file system has no fallocate: grow with ftruncate (sparse) */
+  size_t align;
+  uint64_t limit; /* rounded down to align; 0 = none */
+  uint64_t grow_step;
+  spw_file_log_fn log;
+  void *log_ctx;
+
+  pthread_mutex_t mu; /* guards everything below; leaf lock (no callback runs under it) */
+  uint64_t size;
+  spw_disk_extent_t *free_ext; /* sorted by off */
+  size_t n_free, cap_free;
+  int punch_failed_logged;
+  /* Written under mu, read without it by spw__spill_file_bytes_in_use. */
+  _Atomic uint64_t in_use;
+};
+
+static void file_log(spw_file_log_fn log, void *ctx, int level, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+static void file_log(spw_file_log_fn log, void *ctx, int level, const char *fmt, ...) {
+  if (!log) return;
+  char msg[512];
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(msg, sizeof msg, fmt, ap);
+  va_end(ap);
+  log(ctx, level, msg);
+}
+
+/* Messages composed under the mutex and sent after it is released: the sink is the
+ * runtime's logger, and no callback runs while we hold a lock. */
+typedef struct deferred_log {
+  int n;
+  int level[2];
+  char text[2][384];
+} deferred_log_t;
+
+static void defer_log(deferred_log_t *d, int level, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void defer_log(deferred_log_t *d, int level, const char *fmt, ...) {
+  if (d->n >= 2) return;
+  va_list ap;
+  va_start(ap, fmt);
+  vsnprintf(d->text[d->n], sizeof d->text[0], fmt, ap);
+  va_end(ap);
+  d->level[d->n++] = level;
+}
+
+static void flush_log(const spw_spill_file_t *f, const deferred_log_t *d);
+
+static const char *errno_name(int e) {
+  const char *n = strerrorname_np(e);
+  return n ? n : "errno";
+}
+
+static int is_disk_full_errno(int e) { return e == ENOSPC || e == EDQUOT || e == EFBIG; }
+
+/* ---- opening ------------------------------------------------------------------------- */
+
+static int tmpfile_refused(int e) { return e == EOPNOTSUPP || e == EISDIR || e == EINVAL; }
+
+/* A name nobody can guess, for file systems without O_TMPFILE. The name only has to live
+ * between open and unlink, O_EXCL guards against a collision, and the caller retries. */
+static void random_name(char *out, size_t len, const char *dir) {
+  uint64_t r[2] = {0, 0};
+  if (getrandom(r, sizeof r, GRND_NONBLOCK) != (ssize_t)sizeof r) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    r[0] ^= ((uint64_t)ts.tv_sec << 32) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid() << 16;
+    r[1] ^= (uint64_t)(uintptr_t)out * 0x9E3779B97F4A7C15ull ^ r[0] * 0xBF58476D1CE4E5B9ull;
+  }
+  snprintf(out, len, "%s/.spillway-%016" PRIx64 "%016" PRIx64, dir, r[0], r[1]);
+}
+
+/* Turns O_DIRECT on for an open file; fcntl checks the same capability open does. */
+static int enable_direct(int fd) {
+  int fl = fcntl(fd, F_GETFL);
+  if (fl < 0) return -errno;
+  if (fcntl(fd, F_SETFL, fl | O_DIRECT) != 0) return -errno;
+  return 0;
+}
+
+/* Opens the anonymous file; *direct tells whether O_DIRECT is on. Returns the fd or
+ * -errno of the failure that matters. */
+static int open_anonymous(const char *dir, int *direct, int *named, int *direct_errno) {
+  *direct = 0;
+  *named = 0;
+  *direct_errno = 0;
+  int fd = open(dir, O_TMPFILE | O_RDWR | O_DIRECT | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    *direct = 1;
+    return fd;
+  }
+  int e = errno;
+  if (!tmpfile_refused(e)) return -e;
+  /* EINVAL is ambiguous: O_TMPFILE unsupported, or O_DIRECT refused (ramfs; tmpfs before
+   * Linux 6.6). Trying O_TMPFILE alone tells them apart. */
+  fd = open(dir, O_TMPFILE | O_RDWR | O_CLOEXEC, 0600);
+  if (fd >= 0) {
+    int d = enable_direct(fd);
+    *direct = d == 0;
+    *direct_errno = d == 0 ? 0 : -d;
+    return fd;
+  }
+  e = errno;
+  if (!tmpfile_refused(e)) return -e;
+  /* No O_TMPFILE here: a fresh name, created 0600 with O_EXCL, unlinked at once. O_DIRECT
+   * is switched on afterwards so a refusal cannot leave the name behind. */
+  *named = 1;
+  char path[4096 + 64];
+  for (int tries = 0; tries < 16; tries++) {
+    random_name(path, sizeof path, dir);
+    fd = open(path, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
+    if (fd >= 0) break;
+    if (errno != EEXIST) return -errno;
+  }
+  if (fd < 0) return -EEXIST;
+  if (unlink(path) != 0) {
+    e = errno;
+    close(fd);
+    return -e;
+  }
+  int d = enable_direct(fd);
+  *direct = d == 0;
+  *direct_errno = d == 0 ? 0 : -d;
+  return fd;
+}
+
+static size_t probe_alignment(int fd) {
+  size_t align = SPW_FILE_MIN_ALIGN;
+#ifdef STATX_DIOALIGN
+  struct statx sx;
+  if (statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 && (sx.stx_mask & STATX_DIOALIGN)) {
+    /* Memory and offset alignment are both honoured: callers align buffers and offsets to
+     * one value. Only powers of two up to 1 MiB are believed. */
+    uint32_t m = sx.stx_dio_mem_align > sx.stx_dio_offset_align ? sx.stx_dio_mem_align
+                                                               : sx.stx_dio_offset_align;
+    if (m > align && m <= (1u << 20) && (m & (m - 1)) == 0) align = m;
+  }
+#endif
+  return align;
+}
+
+int spw__spill_file_open(const char *dir, uint64_t limit, uint64_t grow_step,
+                         spw_file_log_fn log, void *log_ctx, spw_spill_file_t **out) {
+  if (!out) return SPW_ERR_INVALID_ARG;
+  if (!dir || !*dir) {
+    file_log(log, log_ctx, SPW_LOG_ERROR, "spill directory: not set");
+    return SPW_ERR_CONFIG;
+  }
+  struct stat st;
+  int not_dir = stat(dir, &st) != 0 ? errno : S_ISDIR(st.st_mode) ? 0 : ENOTDIR;
+  if (not_dir) {
+    int e = not_dir;
+    file_log(log, log_ctx, SPW_LOG_ERROR, "spill directory '%s': %s", dir, strerror(e));
+    return SPW_ERR_CONFIG;
+  }
+  if (access(dir, W_OK | X_OK) != 0) {
+    int e = errno;
+    file_log(log, log_ctx, SPW_LOG_ERROR, "spill directory '%s' is not writable: %s", dir,
+             strerror(e));
+    return SPW_ERR_CONFIG;
+  }
+
+  int direct, named, direct_errno;
+  int fd = open_anonymous(dir, &direct, &named, &direct_errno);
+  if (fd < 0) {
+    int e = -fd;
+    file_log(log, log_ctx, SPW_LOG_ERROR, "spill file in '%s': %s (%s)", dir, strerror(e),
+             errno_name(e));
+    return (e == EACCES || e == EPERM || e == EROFS || e == ENOENT || e == ENOTDIR)
+               ? SPW_ERR_CONFIG
+               : SPW_ERR_SYSTEM;
+  }
+  /* The umask may only have narrowed 0600; make it exact regardless. */
+  (void)fchmod(fd, 0600);
+  if (named)
+    file_log(log, log_ctx, SPW_LOG_INFO,
+             "spill file in '%s': O_TMPFILE unsupported, created and unlinked a private name",
+             dir);
+  if (!direct)
+    file_log(log, log_ctx, SPW_LOG_WARN,
+             "spill file in '%s': O_DIRECT refused (%s): using buffered I/O", dir,
+             errno_name(direct_errno ? direct_errno : EINVAL));
+
+  spw_spill_file_t *f = calloc(1, sizeof *f);
+  if (!f) {
+    close(fd);
+    return SPW_ERR_SYSTEM;
+  }
+  if (pthread_mutex_init(&f->mu, NULL) != 0) {
+    free(f);
+    close(fd);
+    return SPW_ERR_SYSTEM;
+  }
+  f->fd = fd;
+  f->direct = direct;
+  f->align = probe_alignment(fd);
+  f->log = log;
+  f->log_ctx = log_ctx;
+  f->limit = limit ? limit / f->align * f->align : 0;
+  if (limit && f->limit == 0) f->limit = f->align; /* not zero: zero would mean no limit */
+  uint64_t step = grow_step ? grow_step : SPW_FILE_DEFAULT_STEP;
+  if (step > SPW_FILE_MAX_BYTES / 2) step = SPW_FILE_MAX_BYTES / 2;
+  f->grow_step = (step + f->align - 1) / f->align * f->align;
+  atomic_init(&f->in_use, 0);
+  *out = f;
+  return SPW_OK;
+}
+
+void spw__spill_file_close(spw_spill_file_t *f) {
+  if (!f) return;
+  close(f->fd);
+  pthread_mutex_destroy(&f->mu);
+  free(f->free_ext);
+  free(f);
+}
+
+int spw__spill_file_fd(const spw_spill_file_t *f) { return f ? f->fd : -1; }
+size_t spw__spill_file_alignment(const spw_spill_file_t *f) {
+  return f ? f->align : SPW_FILE_MIN_ALIGN;
+}
+int spw__spill_file_is_direct(const spw_spill_file_t *f) { return f ? f->direct : 0; }
+
+uint64_t spw__spill_file_bytes_in_use(const spw_spill_file_t *f) {
+  /* atomic_load takes a non-const pointer in C11; the read does not modify. */
+  return f ? atomic_load(&((spw_spill_file_t *)f)->in_use) : 0;
+}
+
+/* ---- free list (all under mu) --------------------------------------------------------- */
+
+/* Index of the first free extent with off >= `off`. */
+static size_t free_lower_bound(const spw_spill_file_t *f, uint64_t off) {
+  size_t lo = 0, hi = f->n_free;
+  while (lo < hi) {
+    size_t mid = lo + (hi - lo) / 2;
+    if (f->free_ext[mid].off < off) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
+/* Space for one more entry, so that a later insert cannot fail half way. */
+static int free_reserve(spw_spill_file_t *f) {
+  if (f->n_free < f->cap_free) return SPW_OK;
+  size_t cap = f->cap_free ? f->cap_free * 2 : 16;
+  spw_disk_extent_t *p = realloc(f->free_ext, cap * sizeof *p);
+  if (!p) return SPW_ERR_SYSTEM;
+  f->free_ext = p;
+  f->cap_free = cap;
+  return SPW_OK;
+}
+
+/* Inserts [off, off+bytes) and merges it with touching neighbours. Needs free_reserve
+ * first; the range must not overlap a free extent (checked by the caller). */
+static void free_insert(spw_spill_file_t *f, uint64_t off, uint64_t bytes) {
+  size_t i = free_lower_bound(f, off);
+  int merge_prev = i > 0 && f->free_ext[i - 1].off + f->free_ext[i - 1].bytes == off;
+  int merge_next = i < f->n_free && off + bytes == f->free_ext[i].off;
+  if (merge_prev && merge_next) {
+    f->free_ext[i - 1].bytes += bytes + f->free_ext[i].bytes;
+    memmove(&f->free_ext[i], &f->free_ext[i + 1], (f->n_free - i - 1) * sizeof f->free_ext[0]);
+    f->n_free--;
+  } else if (merge_prev) {
+    f->free_ext[i - 1].bytes += bytes;
+  } else if (merge_next) {
+    f->free_ext[i].off = off;
+    f->free_ext[i].bytes += bytes;
+  } else {
+    memmove(&f->free_ext[i + 1], &f->free_ext[i], (f->n_free - i) * sizeof f->free_ext[0]);
+    f->free_ext[i].off = off;
+    f->free_ext[i].bytes = bytes;
+    f->n_free++;
+  }
+}
+
+/* Does [off, off+bytes) overlap any free extent? */
+static int free_overlaps(const spw_spill_file_t *f, uint64_t off, uint64_t bytes) {
+  size_t i = free_lower_bound(f, off);
+  if (i > 0 && f->free_ext[i - 1].off + f->free_ext[i - 1].bytes > off) return 1;
+  if (i < f->n_free && f->free_ext[i].off < off + bytes) return 1;
+  return 0;
+}
+
+/* Takes `bytes` from the front of free extent i. */
+static uint64_t free_take(spw_spill_file_t *f, size_t i, uint64_t bytes) {
+  uint64_t off = f->free_ext[i].off;
+  f->free_ext[i].off += bytes;
+  f->free_ext[i].bytes -= bytes;
+  if (f->free_ext[i].bytes == 0) {
+    memmove(&f->free_ext[i], &f->free_ext[i + 1], (f->n_free - i - 1) * sizeof f->free_ext[0]);
+    f->n_free--;
+  }
+  return off;
+}
+
+/* ---- space reservation ----------------------------------------------------------------- */
+
+static void flush_log(const spw_spill_file_t *f, const deferred_log_t *d) {
+  for (int i = 0; i < d->n; i++)
+    if (f->log) f->log(f->log_ctx, d->level[i], d->text[i]);
+}
+
+static int punch(spw_spill_file_t *f, uint64_t off, uint64_t len) {
+  int r;
+  do r = fallocate(f->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
+  while (r != 0 && errno == EINTR);
+  return r == 0 || errno == EOPNOTSUPP ? 0 : -errno;
+}
+
+/* Reserves blocks for [off, off+len). keep_size: inside the file (a reused extent);
+ * otherwise the file grows to off+len. Returns 0 or -errno; on failure the file is as it
+ * was (a partial fallocate is cut back). */
+static int reserve_blocks(spw_spill_file_t *f, uint64_t off, uint64_t len, int keep_size,
+                          deferred_log_t *dl) {
+  if (!f->no_fallocate) {
+    int r;
+    do r = fallocate(f->fd, keep_size ? FALLOC_FL_KEEP_SIZE : 0, (off_t)off, (off_t)len);
+    while (r != 0 && errno == EINTR);
+    if (r == 0) return 0;
+    int e = errno;
+    if (e != EOPNOTSUPP && e != EINVAL) {
+      /* Some file systems (ext4) keep what a failed fallocate allocated, and move the size
+       * along: give it back so that nothing changes. */
+      if (keep_size) (void)punch(f, off, len);
+      else (void)ftruncate(f->fd, (off_t)f->size);
+      return -e;
+    }
+    /* No fallocate here (ramfs answers EINVAL): grow sparsely. ENOSPC then surfaces at
+     * write time, which the I/O layer reports as SPW_ERR_DISK_FULL. */
+    f->no_fallocate = 1;
+    defer_log(dl, SPW_LOG_INFO, "spill file: fallocate unsupported (%s): growing with ftruncate",
+              errno_name(e));
+  }
+  if (keep_size) return 0;
+  return ftruncate(f->fd, (off_t)(off + len)) == 0 ? 0 : -errno;
+}
+
+static int status_of_errno(int e) { return is_disk_full_errno(e) ? SPW_ERR_DISK_FULL : SPW_ERR_IO; }
+
+/* Grows the file so that a free extent of `need` bytes exists at its end (the free tail, if
+ * any, counts). Grows by whole grow_steps where room allows, else by exactly what is
+ * missing. */
+static int grow_for(spw_spill_file_t *f, uint64_t need, deferred_log_t *dl) {
+  uint64_t tail = 0;
+  if (f->n_free > 0) {
+    const spw_disk_extent_t *last = &f->free_ext[f->n_free - 1];
+    if (last->off + last->bytes == f->size) tail = last->bytes;
+  }
+  uint64_t missing = need - tail; /* need > tail, or the first fit would have found it */
+  uint64_t cap = f->limit ? f->limit : SPW_FILE_MAX_BYTES / f->align * f->align;
+  if (f->size > cap || missing > cap - f->size) return SPW_ERR_DISK_FULL;
+  uint64_t want = (missing + f->grow_step - 1) / f->grow_step * f->grow_step;
+  if (want > cap - f->size) want = cap - f->size;
+  int st = free_reserve(f);
+  if (st != SPW_OK) return st;
+  int r = reserve_blocks(f, f->size, want, 0, dl);
+  if (r != 0 && is_disk_full_errno(-r) && want > missing) {
+    /* A whole step does not fit: the file system may still hold what is missing. */
+    want = missing;
+    r = reserve_blocks(f, f->size, want, 0, dl);
+  }
+  if (r != 0) {
+    if (!is_disk_full_errno(-r))
+      defer_log(dl, SPW_LOG_ERROR, "spill file: growing to %" PRIu64 " B: %s", f->size + want,
+                strerror(-r));
+    return status_of_errno(-r);
+  }
+  free_insert(f, f->size, want);
+  f->size += want;
+  return SPW_OK;
+}
+
+int spw__spill_file_alloc(spw_spill_file_t *f, uint64_t bytes, spw_disk_extent_t *out) {
+  if (!f || !out || bytes == 0) return SPW_ERR_INVALID_ARG;
+  if (bytes > SPW_FILE_MAX_BYTES - f->align) return SPW_ERR_DISK_FULL;
+  uint64_t need = (bytes + f->align - 1) / f->align * f->align;
+  deferred_log_t dl = {0};
+
+  pthread_mutex_lock(&f->mu);
+  int st = SPW_OK;
+  size_t i = 0;
+  for (;;) {
+    while (i < f->n_free && f->free_ext[i].bytes < need) i++;
+    if (i < f->n_free) break;
+    st = grow_for(f, need, &dl);
+    if (st != SPW_OK) goto out;
+    /* Growth extended or appended the last extent; earlier ones are still too small. */
+    i = f->n_free - 1;
+  }
+  /* The extent may have been punched when it came back: reserve its blocks again so that
+   * a full disk is reported now rather than by the write. On space grow_for reserved just
+   * now this is a cheap walk over allocated blocks. */
+  uint64_t off = f->free_ext[i].off;
+  int r = reserve_blocks(f, off, need, 1, &dl);
+  if (r != 0) {
+    if (!is_disk_full_errno(-r))
+      defer_log(&dl, SPW_LOG_ERROR, "spill file: reserving %" PRIu64 " B at %" PRIu64 ": %s",
+                need, off, strerror(-r));
+    st = status_of_errno(-r);
+    goto out;
+  }
+  free_take(f, i, need);
+  atomic_fetch_add(&f->in_use, need);
+  out->off = off;
+  out->bytes = need;
+out:
+  pthread_mutex_unlock(&f->mu);
+  flush_log(f, &dl);
+  return st;
+}
+
+void spw__spill_file_free(spw_spill_file_t *f, spw_disk_extent_t *e) {
+  if (!f || !e || e->bytes == 0) return;
+  deferred_log_t dl = {0};
+  pthread_mutex_lock(&f->mu);
+  if (e->off % f->align || e->bytes % f->align || e->off > f->size ||
+      e->bytes > f->size - e->off || free_overlaps(f, e->off, e->bytes)) {
+    /* A double free or a forged extent: refusing it keeps the allocator consistent. */
+    defer_log(&dl, SPW_LOG_ERROR,
+              "spill file: ignoring free of [%" PRIu64 ", +%" PRIu64 "): not in use (double free?)",
+              e->off, e->bytes);
+  } else if (free_reserve(f) != SPW_OK) {
+    /* No memory for the free list: the range stays allocated until close, which is safe,
+     * unlike losing track of it. */
+    defer_log(&dl, SPW_LOG_ERROR, "spill file: out of memory freeing an extent (space leaked)");
+  } else {
+    /* Punch before the range becomes allocatable again, so the punch can never hit data
+     * written by its next owner. */
+    int r = f->no_fallocate ? 0 : punch(f, e->off, e->bytes);
+    if (r != 0 && !f->punch_failed_logged) {
+      f->punch_failed_logged = 1;
+      defer_log(&dl, SPW_LOG_WARN,
+                "spill file: punching freed space failed (%s): disk space returns at close",
+                strerror(-r));
+    }
+    free_insert(f, e->off, e->bytes);
+    atomic_fetch_sub(&f->in_use, e->bytes);
+    e->off = 0;
+    e->bytes = 0;
+  }
+  pthread_mutex_unlock(&f->mu);
+  flush_log(f, &dl);
+}

@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private header, never installed: the device backend seam.
+ *
+ * Every call Spillway makes to the device goes through one spw_backend_ops table. Two
+ * implementations: backend_cuda.c (CUDA Runtime API, device memory from the stream-ordered
+ * pool) and backend_host.c (device memory emulated in host memory, each stream a FIFO
+ * worker thread, so asynchronous order, events and synchronize behave as on a GPU).
+ *
+ * Contract, for every operation:
+ *  - returns SPW_OK or a negative spw_status_t; on a device error it also calls
+ *    b->on_error(b->err_ctx, name, text) with the CUDA error name and text, then returns
+ *    SPW_ERR_CUDA (or SPW_ERR_OUT_OF_MEMORY for an allocation the device refuses);
+ *  - every operation is thread-safe; streams and events may be used from any thread;
+ *  - "async" operations are ordered on the given stream after the work enqueued before
+ *    them, exactly as the CUDA call of the same name; the host backend obeys the same order;
+ *  - the stream argument is never the caller's NULL when the backend is host: the runtime
+ *    maps NULL to the host backend's default stream (ops->default_stream);
+ *  - preconditions (valid pointers, live streams and events) are the caller's job: the
+ *    runtime validates user input before it reaches this layer.
+ */
+#ifndef SPILLWAY_SRC_BACKEND_H
+#define SPILLWAY_SRC_BACKEND_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spillway/spillway.h"
+
+typedef struct spw_backend spw_backend_t; /* implementation state, private to each .c */
+typedef struct spw_bevent spw_bevent_t;   /* an event (cudaEvent_t or host emulation) */
+
+typedef void (*spw_error_sink_fn)(void *ctx, const char *name, const char *text);
+
+typedef struct spw_backend_params {
+  int device;                 /* CUDA device ordinal */
+  uint64_t host_device_bytes; /* host backend: emulated device capacity */
+  spw_error_sink_fn on_error; /* receives device error name and text; may be NULL */
+  void *err_ctx;
+} spw_backend_params_t;
+
+/* One copy of a batch; all of one batch go in the same direction. */
+typedef struct spw_copy_desc {
+  void *dst;
+  const void *src;
+  size_t bytes;
+} spw_copy_desc_t;
+
+typedef enum spw_copy_dir {
+  SPW_COPY_D2H = 0, /* device -> registered (pinned) host memory */
+  SPW_COPY_H2D = 1, /* registered host memory -> device */
+} spw_copy_dir_t;
+
+typedef void (*spw_host_fn)(void *arg);
+
+typedef struct spw_backend_ops {
+  const char *name;           /* "cuda" or "host" */
+  spw_backend_kind_t kind;
+
+  /* Returns SPW_ERR_NO_DEVICE when this backend cannot run here (no GPU for cuda). */
+  int (*create)(const spw_backend_params_t *p, spw_backend_t **out);
+  /* Waits for all streams, destroys what the backend created. */
+  void (*destroy)(spw_backend_t *b);
+
+  /* Free and total device memory (host: the emulated capacity and what is not allocated). */
+  int (*mem_info)(spw_backend_t *b, size_t *free_bytes, size_t *total_bytes);
+
+  /* Stream-ordered allocation and free (cudaMallocAsync / cudaFreeAsync). Allocation returns
+   * SPW_ERR_OUT_OF_MEMORY if the device (or the emulated capacity) refuses; memory is 256-byte
+   * aligned. free_async of NULL is SPW_OK. */
+  int (*alloc_async)(spw_backend_t *b, size_t bytes, spw_stream_t s, void **out);
+  int (*free_async)(spw_backend_t *b, void *ptr, spw_stream_t s);
+  /* Releases cached pool memory back to the device (cudaMemPoolTrimTo 0); host: no-op. */
+  int (*trim)(spw_backend_t *b);
+
+  /* The stream the runtime uses for the application's NULL stream: NULL on cuda, the
+   * backend's own default stream on host. */
+  spw_stream_t (*default_stream)(spw_backend_t *b);
+  /* A new non-blocking stream. */
+  int (*stream_create)(spw_backend_t *b, spw_stream_t *out);
+  /* Waits for the stream's work, then destroys it. */
+  int (*stream_destroy)(spw_backend_t *b, spw_stream_t s);
+  int (*stream_sync)(spw_backend_t *b, spw_stream_t s);
+
+  /* Events: created without timing; record, query (SPW_OK when complete, SPW_ERR_NOT_READY
+   * while pending), block until complete, make a stream wait. An event never recorded is
+   * complete. */
+  int (*event_create)(spw_backend_t *b, spw_bevent_t **out);
+  void (*event_destroy)(spw_backend_t *b, spw_bevent_t *e);
+  int (*event_record)(spw_backend_t *b, spw_bevent_t *e, spw_stream_t s);
+  int (*event_query)(spw_backend_t *b, spw_bevent_t *e);
+  int (*event_sync)(spw_backend_t *b, spw_bevent_t *e);
+  int (*stream_wait_event)(spw_backend_t *b, spw_stream_t s, spw_bevent_t *e);
+
+  /* cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, s). */
+  int (*memcpy_async)(spw_backend_t *b, void *dst, const void *src, size_t bytes,
+                      spw_stream_t s);
+  /* Copies a batch of buffers in one direction, host side in memory registered with
+   * host_register. Fast for many small buffers: one kernel reading or writing mapped pinned
+   * memory (cuda), or one stream operation (host). Large entries (>= 1 MiB) may be split
+   * off to memcpy_async. `descs` may be reused by the caller as soon as this returns. */
+  int (*copy_batch_async)(spw_backend_t *b, const spw_copy_desc_t *descs, size_t n,
+                          spw_copy_dir_t dir, spw_stream_t s);
+
+  /* Pins host memory for fast and mapped copies (cudaHostRegister, portable | mapped);
+   * `ptr` page-aligned, `bytes` a multiple of the page size. Host backend: no-op. */
+  int (*host_register)(spw_backend_t *b, void *ptr, size_t bytes);
+  int (*host_unregister)(spw_backend_t *b, void *ptr);
+
+  /* Enqueues fn(arg) on the stream (cudaLaunchHostFunc). fn must not call the backend. */
+  int (*launch_host_func)(spw_backend_t *b, spw_stream_t s, spw_host_fn fn, void *arg);
+} spw_backend_ops_t;
+
+/* The implementations; the CUDA one exists only in builds with CUDA (SPW_HAVE_CUDA). */
+extern const spw_backend_ops_t spw__backend_host_ops;
+#ifdef SPW_HAVE_CUDA
+extern const spw_backend_ops_t spw__backend_cuda_ops;
+#endif
+
+#endif /* SPILLWAY_SRC_BACKEND_H */

@@ -1,0 +1,410 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The CUDA device backend: spw__backend_cuda_ops on the CUDA Runtime API (contract in
+ * backend.h). Compiled only with SPW_HAVE_CUDA.
+ *
+ * What it owns: the device's default memory pool settings (release threshold raised to keep
+ * freed memory cached, put back at destroy), the streams it created (kept in a list so that
+ * destroy can wait for and destroy them without cudaDeviceSynchronize), and the
+ * capabilities probed once at create. Events are cudaEvent_t values cast to spw_bevent_t;
+ * their owner destroys them.
+ *
+ * Invariants:
+ *  - every CUDA call is checked; a failure reaches on_error with the CUDA error name and
+ *    text, and the thread's last CUDA error is cleared so that it poisons neither our next
+ *    call nor the application's cudaGetLastError (sticky errors stay: CUDA keeps them);
+ *  - every op first makes the backend's device current on the calling thread (the current
+ *    device is per thread and ops run on engine and application threads alike); the device
+ *    is left current afterwards, as cudaSetDevice would;
+ *  - nothing is allocated and nothing synchronizes in the per-copy paths; no op calls
+ *    cudaDeviceSynchronize.
+ */
+#ifdef SPW_HAVE_CUDA
+
+#include <cuda_runtime_api.h>
+#include <pthread.h>
+#include <stdint.h>
+#include <stdlib.h>
+
+#include "backend.h"
+#include "copy_kernels.h"
+
+typedef struct spw_cuda_backend {
+  spw_error_sink_fn on_error; /* may be NULL */
+  void *err_ctx;
+  int device;
+  int has_pool;               /* cudaDevAttrMemoryPoolsSupported */
+  int use_kernel;             /* registered host pointers usable by kernels, kernel loads */
+  cudaMemPool_t pool;         /* the device's default pool, when has_pool */
+  uint64_t saved_threshold;   /* the pool's release threshold before create */
+  pthread_mutex_t streams_mu; /* guards streams, nstreams, cap; a leaf lock */
+  cudaStream_t *streams;      /* streams made by stream_create, not yet destroyed */
+  size_t nstreams, cap;
+} spw_cuda_backend_t;
+
+static spw_cuda_backend_t *cb_of(spw_backend_t *b) { return (spw_cuda_backend_t *)b; }
+
+/* Reports `e` and maps it to a status: `oom` for cudaErrorMemoryAllocation, else
+ * SPW_ERR_CUDA. Clears the thread's last error, which a non-sticky failure leaves set. */
+static int fail_as(const spw_cuda_backend_t *cb, cudaError_t e, int oom) {
+  (void)cudaGetLastError();
+  if (cb->on_error) cb->on_error(cb->err_ctx, cudaGetErrorName(e), cudaGetErrorString(e));
+  return e == cudaErrorMemoryAllocation ? oom : SPW_ERR_CUDA;
+}
+
+static int fail(const spw_cuda_backend_t *cb, cudaError_t e) {
+  return fail_as(cb, e, SPW_ERR_OUT_OF_MEMORY);
+}
+
+static int check(const spw_cuda_backend_t *cb, cudaError_t e) {
+  return e == cudaSuccess ? SPW_OK : fail(cb, e);
+}
+
+/* cudaGetDevice is a thread-local read; cudaSetDevice only when the thread is elsewhere. */
+static int use_device(const spw_cuda_backend_t *cb) {
+  int cur = -1;
+  if (cudaGetDevice(&cur) == cudaSuccess && cur == cb->device) return SPW_OK;
+  return check(cb, cudaSetDevice(cb->device));
+}
+
+static int cuda_create(const spw_backend_params_t *p, spw_backend_t **out) {
+  if (!p || !out) return SPW_ERR_INVALID_ARG;
+  int count = 0;
+  cudaError_t e = cudaGetDeviceCount(&count);
+  if (e == cudaErrorNoDevice || e == cudaErrorInsufficientDriver ||
+      (e == cudaSuccess && count == 0)) {
+    (void)cudaGetLastError(); /* expected on GPU-less machines: no report, no residue */
+    return SPW_ERR_NO_DEVICE;
+  }
+
+  spw_cuda_backend_t *cb = calloc(1, sizeof *cb);
+  if (!cb) return SPW_ERR_SYSTEM;
+  cb->on_error = p->on_error;
+  cb->err_ctx = p->err_ctx;
+  cb->device = p->device;
+  if (pthread_mutex_init(&cb->streams_mu, NULL) != 0) {
+    free(cb);
+    return SPW_ERR_SYSTEM;
+  }
+
+  int s = SPW_OK;
+  int pools = 0, host_ptr = 0;
+  if (e != cudaSuccess) {
+    s = fail(cb, e);
+  } else {
+    /* An ordinal past the last device fails here with cudaErrorInvalidDevice: an error the
+     * user must see, not "no device" (which would quietly fall back to emulation). */
+    s = check(cb, cudaSetDevice(p->device));
+  }
+  if (s == SPW_OK)
+    s = check(cb, cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, p->device));
+  if (s == SPW_OK)
+    s = check(cb, cudaDeviceGetAttribute(&host_ptr, cudaDevAttrCanUseHostPointerForRegisteredMem,
+                                         p->device));
+  if (s == SPW_OK && pools) {
+    s = check(cb, cudaDeviceGetDefaultMemPool(&cb->pool, p->device));
+    if (s == SPW_OK)
+      s = check(cb, cudaMemPoolGetAttribute(cb->pool, cudaMemPoolAttrReleaseThreshold,
+                                            &cb->saved_threshold));
+    /* Keep freed memory cached in the pool: cudaMallocAsync then costs ~1 us instead of a
+     * trip to the driver; trim() gives it back when the runtime asks. */
+    uint64_t keep = UINT64_MAX;
+    if (s == SPW_OK)
+      s = check(cb, cudaMemPoolSetAttribute(cb->pool, cudaMemPoolAttrReleaseThreshold, &keep));
+    cb->has_pool = s == SPW_OK;
+  }
+  if (s != SPW_OK) {
+    pthread_mutex_destroy(&cb->streams_mu);
+    free(cb);
+    return s;
+  }
+  /* Without direct access to registered host memory, or without kernel code for this
+   * device, copy_batch_async falls back to one cudaMemcpyAsync per buffer: correct, slower.
+   * The probe also loads the kernel now, off the spill path. */
+  int probe_err = 0;
+  cb->use_kernel = host_ptr && spw__copy_kernel_probe(&probe_err) == SPW_OK;
+  *out = (spw_backend_t *)cb;
+  return SPW_OK;
+}
+
+static void cuda_destroy(spw_backend_t *b) {
+  if (!b) return;
+  spw_cuda_backend_t *cb = cb_of(b);
+  (void)use_device(cb);
+  pthread_mutex_lock(&cb->streams_mu);
+  for (size_t i = 0; i < cb->nstreams; i++) {
+    (void)check(cb, cudaStreamSynchronize(cb->streams[i]));
+    (void)check(cb, cudaStreamDestroy(cb->streams[i]));
+  }
+  cb->nstreams = 0;
+  pthread_mutex_unlock(&cb->streams_mu);
+  /* The legacy stream carries what the runtime enqueued on the application's NULL stream. */
+  (void)check(cb, cudaStreamSynchronize(NULL));
+  if (cb->has_pool)
+    (void)check(cb, cudaMemPoolSetAttribute(cb->pool, cudaMemPoolAttrReleaseThreshold,
+                                            &cb->saved_threshold));
+  pthread_mutex_destroy(&cb->streams_mu);
+  free(cb->streams);
+  free(cb);
+}
+
+static int cuda_mem_info(spw_backend_t *b, size_t *free_bytes, size_t *total_bytes) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  size_t f = 0, t = 0;
+  s = check(cb, cudaMemGetInfo(&f, &t));
+  if (s != SPW_OK) return s;
+  if (free_bytes) *free_bytes = f;
+  if (total_bytes) *total_bytes = t;
+  return SPW_OK;
+}
+
+static int cuda_alloc_async(spw_backend_t *b, size_t bytes, spw_stream_t st, void **out) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  if (!out) return SPW_ERR_INVALID_ARG;
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  void *p = NULL;
+  /* From our pool by name: cudaMallocAsync would use the device's *current* pool, which the
+   * application may have replaced (cudaDeviceSetMemPool). */
+  cudaError_t e = cb->has_pool ? cudaMallocFromPoolAsync(&p, bytes, cb->pool, st)
+                               : cudaMalloc(&p, bytes); /* synchronous: trivially ordered */
+  if (e != cudaSuccess) return fail(cb, e);
+  *out = p;
+  return SPW_OK;
+}
+
+static int cuda_free_async(spw_backend_t *b, void *ptr, spw_stream_t st) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  if (!ptr) return SPW_OK;
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  if (cb->has_pool) return check(cb, cudaFreeAsync(ptr, st));
+  /* No stream-ordered free on this device: wait for the stream's earlier work, which may
+   * still use the memory, then free. */
+  s = check(cb, cudaStreamSynchronize(st));
+  return s != SPW_OK ? s : check(cb, cudaFree(ptr));
+}
+
+static int cuda_trim(spw_backend_t *b) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  if (!cb->has_pool) return SPW_OK;
+  int s = use_device(cb);
+  return s != SPW_OK ? s : check(cb, cudaMemPoolTrimTo(cb->pool, 0));
+}
+
+static spw_stream_t cuda_default_stream(spw_backend_t *b) {
+  (void)b;
+  return NULL; /* the legacy default stream, as the application's NULL means */
+}
+
+static int cuda_stream_create(spw_backend_t *b, spw_stream_t *out) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  if (!out) return SPW_ERR_INVALID_ARG;
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  cudaStream_t st = NULL;
+  s = check(cb, cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
+  if (s != SPW_OK) return s;
+  pthread_mutex_lock(&cb->streams_mu);
+  if (cb->nstreams == cb->cap) {
+    size_t cap = cb->cap ? 2 * cb->cap : 8;
+    cudaStream_t *grown = realloc(cb->streams, cap * sizeof *grown);
+    if (!grown) {
+      pthread_mutex_unlock(&cb->streams_mu);
+      (void)cudaStreamDestroy(st);
+      return SPW_ERR_SYSTEM;
+    }
+    cb->streams = grown;
+    cb->cap = cap;
+  }
+  cb->streams[cb->nstreams++] = st;
+  pthread_mutex_unlock(&cb->streams_mu);
+  *out = st;
+  return SPW_OK;
+}
+
+static int cuda_stream_destroy(spw_backend_t *b, spw_stream_t st) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  if (!st) return SPW_ERR_INVALID_ARG; /* the legacy stream cannot be destroyed */
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  pthread_mutex_lock(&cb->streams_mu);
+  for (size_t i = 0; i < cb->nstreams; i++) {
+    if (cb->streams[i] == st) {
+      cb->streams[i] = cb->streams[--cb->nstreams];
+      break;
+    }
+  }
+  pthread_mutex_unlock(&cb->streams_mu);
+  /* Destroy even when the wait fails (a sticky error): the stream is gone either way. */
+  s = check(cb, cudaStreamSynchronize(st));
+  int d = check(cb, cudaStreamDestroy(st));
+  return s != SPW_OK ? s : d;
+}
+
+static int cuda_stream_sync(spw_backend_t *b, spw_stream_t st) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  return s != SPW_OK ? s : check(cb, cudaStreamSynchronize(st));
+}
+
+static int cuda_event_create(spw_backend_t *b, spw_bevent_t **out) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  if (!out) return SPW_ERR_INVALID_ARG;
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  cudaEvent_t ev = NULL;
+  s = check(cb, cudaEventCreateWithFlags(&ev, cudaEventDisableTiming));
+  if (s != SPW_OK) return s;
+  *out = (spw_bevent_t *)ev;
+  return SPW_OK;
+}
+
+static void cuda_event_destroy(spw_backend_t *b, spw_bevent_t *e) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  if (!e || use_device(cb) != SPW_OK) return;
+  (void)check(cb, cudaEventDestroy((cudaEvent_t)e));
+}
+
+static int cuda_event_record(spw_backend_t *b, spw_bevent_t *e, spw_stream_t st) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  return s != SPW_OK ? s : check(cb, cudaEventRecord((cudaEvent_t)e, st));
+}
+
+static int cuda_event_query(spw_backend_t *b, spw_bevent_t *e) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  cudaError_t r = cudaEventQuery((cudaEvent_t)e);
+  if (r == cudaErrorNotReady) return SPW_ERR_NOT_READY; /* a state, not an error */
+  return check(cb, r);
+}
+
+static int cuda_event_sync(spw_backend_t *b, spw_bevent_t *e) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  return s != SPW_OK ? s : check(cb, cudaEventSynchronize((cudaEvent_t)e));
+}
+
+static int cuda_stream_wait_event(spw_backend_t *b, spw_stream_t st, spw_bevent_t *e) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  return s != SPW_OK ? s : check(cb, cudaStreamWaitEvent(st, (cudaEvent_t)e, 0));
+}
+
+static int cuda_memcpy_async(spw_backend_t *b, void *dst, const void *src, size_t bytes,
+                             spw_stream_t st) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  return s != SPW_OK ? s : check(cb, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDefault, st));
+}
+
+/* Large entries go to the copy engines one cudaMemcpyAsync each (they reach ~50 GB/s from
+ * 1 MiB up); small ones are gathered into groups for the SM kernel, which reads or writes the
+ * mapped host memory directly. All work lands on `st` in descriptor order within each kind.
+ * The group (30 KiB) lives on this thread's stack: the call allocates nothing and may run on
+ * several threads at once. On an error, copies enqueued before it still run; the caller
+ * treats the whole batch as failed. */
+static int cuda_copy_batch_async(spw_backend_t *b, const spw_copy_desc_t *descs, size_t n,
+                                 spw_copy_dir_t dir, spw_stream_t st) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  if (n == 0) return SPW_OK;
+  if (!descs || (dir != SPW_COPY_D2H && dir != SPW_COPY_H2D)) return SPW_ERR_INVALID_ARG;
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+
+  if (!cb->use_kernel) {
+    for (size_t i = 0; i < n; i++) {
+      if (descs[i].bytes == 0) continue;
+      s = check(cb, cudaMemcpyAsync(descs[i].dst, descs[i].src, descs[i].bytes,
+                                    cudaMemcpyDefault, st));
+      if (s != SPW_OK) return s;
+    }
+    return SPW_OK;
+  }
+
+  spw_copy_group_t g;
+  g.n = 0;
+  g.chunks = 0;
+  int cuda_err = 0;
+  for (size_t i = 0; i < n; i++) {
+    const spw_copy_desc_t *d = &descs[i];
+    if (d->bytes == 0) continue;
+    if (d->bytes >= SPW_COPY_SMALL_MAX) {
+      s = check(cb, cudaMemcpyAsync(d->dst, d->src, d->bytes, cudaMemcpyDefault, st));
+      if (s != SPW_OK) return s;
+      continue;
+    }
+    spw_copy_item_t *it = &g.items[g.n++];
+    it->dst = (uint64_t)(uintptr_t)d->dst;
+    it->src = (uint64_t)(uintptr_t)d->src;
+    it->bytes = (uint32_t)d->bytes;
+    it->first_chunk = g.chunks;
+    g.chunks += (uint32_t)((d->bytes + SPW_COPY_CHUNK_BYTES - 1) / SPW_COPY_CHUNK_BYTES);
+    if (g.n == SPW_COPY_GROUP_MAX) {
+      if (spw__copy_kernel_launch(&g, st, &cuda_err) != SPW_OK)
+        return fail(cb, (cudaError_t)cuda_err);
+      g.n = 0;
+      g.chunks = 0;
+    }
+  }
+  if (g.n > 0 && spw__copy_kernel_launch(&g, st, &cuda_err) != SPW_OK)
+    return fail(cb, (cudaError_t)cuda_err);
+  return SPW_OK;
+}
+
+static int cuda_host_register(spw_backend_t *b, void *ptr, size_t bytes) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  /* Portable: any device's context may use it; mapped: kernels may address it directly,
+   * which the batch copy kernel relies on. A refusal is host memory running out (memlock
+   * limit, pinned memory exhausted), not device memory. */
+  cudaError_t e = cudaHostRegister(ptr, bytes, cudaHostRegisterPortable | cudaHostRegisterMapped);
+  return e == cudaSuccess ? SPW_OK : fail_as(cb, e, SPW_ERR_HOST_OUT_OF_MEMORY);
+}
+
+static int cuda_host_unregister(spw_backend_t *b, void *ptr) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  return s != SPW_OK ? s : check(cb, cudaHostUnregister(ptr));
+}
+
+static int cuda_launch_host_func(spw_backend_t *b, spw_stream_t st, spw_host_fn fn, void *arg) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  return s != SPW_OK ? s : check(cb, cudaLaunchHostFunc(st, fn, arg));
+}
+
+const spw_backend_ops_t spw__backend_cuda_ops = {
+    .name = "cuda",
+    .kind = SPW_BACKEND_CUDA,
+    .create = cuda_create,
+    .destroy = cuda_destroy,
+    .mem_info = cuda_mem_info,
+    .alloc_async = cuda_alloc_async,
+    .free_async = cuda_free_async,
+    .trim = cuda_trim,
+    .default_stream = cuda_default_stream,
+    .stream_create = cuda_stream_create,
+    .stream_destroy = cuda_stream_destroy,
+    .stream_sync = cuda_stream_sync,
+    .event_create = cuda_event_create,
+    .event_destroy = cuda_event_destroy,
+    .event_record = cuda_event_record,
+    .event_query = cuda_event_query,
+    .event_sync = cuda_event_sync,
+    .stream_wait_event = cuda_stream_wait_event,
+    .memcpy_async = cuda_memcpy_async,
+    .copy_batch_async = cuda_copy_batch_async,
+    .host_register = cuda_host_register,
+    .host_unregister = cuda_host_unregister,
+    .launch_host_func = cuda_launch_host_func,
+};
+
+#else
+/* ISO C forbids an empty translation unit. */
+typedef int spw__backend_cuda_unused;
+#endif /* SPW_HAVE_CUDA */

@@ -1,0 +1,165 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The completion poller (see completions.h). Pending items form a FIFO list; the poller
+ * queries every pending event each round and sleeps between rounds with a backoff from 20 us
+ * to 1 ms while nothing completes: cheap when idle, prompt when busy, and immune to one long
+ * stream holding back a short one (a blocking wait on the oldest event would be). */
+#include "completions.h"
+
+#include <stdlib.h>
+#include <time.h>
+
+#include "runtime.h"
+
+typedef struct item {
+  spw_bevent_t *ev;
+  spw_completion_fn fn;
+  void *arg;
+  uint64_t seq;
+  struct item *next;
+} item_t;
+
+struct spw_completions {
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;      /* poller: work arrived or stop */
+  pthread_cond_t done_cv; /* drainers: an item finished */
+  item_t *head, *tail;
+  uint64_t submitted; /* items are numbered in submission order */
+  int busy;           /* the poller holds a detached list (outside `head`) */
+  int stop;
+};
+
+static void *poller(void *arg) {
+  spw_runtime_t *rt = arg;
+  spw_completions_t *c = rt->completions;
+  long sleep_ns = 20000;
+  pthread_mutex_lock(&c->mu);
+  for (;;) {
+    while (!c->head && !c->stop) pthread_cond_wait(&c->cv, &c->mu);
+    if (!c->head && c->stop) break;
+    /* Detach the list so that the events are queried without the lock. */
+    item_t *list = c->head;
+    c->head = c->tail = NULL;
+    c->busy = 1;
+    pthread_mutex_unlock(&c->mu);
+
+    item_t *keep = NULL, *keep_last = NULL;
+    uint64_t ran = 0;
+    for (item_t *it = list, *next; it; it = next) {
+      next = it->next;
+      int q = rt->ops->event_query(rt->be, it->ev);
+      if (q == SPW_ERR_NOT_READY) {
+        it->next = NULL;
+        if (keep_last) keep_last->next = it;
+        else keep = it;
+        keep_last = it;
+        continue;
+      }
+      if (q != SPW_OK) spw__set_async_error(rt, q);
+      /* A failed query still runs fn: the locks it releases must not leak, and the stream
+       * error reaches the application through its own synchronize. */
+      it->fn(rt, it->arg);
+      spw__event_put(rt, it->ev);
+      free(it);
+      ran++;
+    }
+
+    pthread_mutex_lock(&c->mu);
+    if (keep) { /* pending items go back in front of what arrived meanwhile */
+      keep_last->next = c->head;
+      if (!c->head) c->tail = keep_last;
+      c->head = keep;
+    }
+    c->busy = 0;
+    pthread_cond_broadcast(&c->done_cv);
+    if (ran || !c->head) {
+      sleep_ns = 20000;
+      continue;
+    }
+    pthread_mutex_unlock(&c->mu);
+    struct timespec ts = {0, sleep_ns};
+    nanosleep(&ts, NULL);
+    if (sleep_ns < 1000000) sleep_ns *= 2;
+    pthread_mutex_lock(&c->mu);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+int spw__completions_start(spw_runtime_t *rt) {
+  spw_completions_t *c = calloc(1, sizeof *c);
+  if (!c) return SPW_ERR_SYSTEM;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  pthread_cond_init(&c->done_cv, NULL);
+  rt->completions = c;
+  if (pthread_create(&c->thread, NULL, poller, rt) != 0) {
+    rt->completions = NULL;
+    pthread_cond_destroy(&c->done_cv);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+    return SPW_ERR_SYSTEM;
+  }
+  return SPW_OK;
+}
+
+void spw__completions_stop(spw_runtime_t *rt) {
+  spw_completions_t *c = rt->completions;
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  c->stop = 1;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  pthread_join(c->thread, NULL);
+  pthread_cond_destroy(&c->done_cv);
+  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+  rt->completions = NULL;
+}
+
+int spw__after_stream(spw_runtime_t *rt, spw_stream_t bstream, spw_completion_fn fn, void *arg) {
+  spw_completions_t *c = rt->completions;
+  item_t *it = malloc(sizeof *it);
+  if (!it) return SPW_ERR_SYSTEM;
+  int s = spw__event_get(rt, &it->ev);
+  if (s != SPW_OK) {
+    free(it);
+    return s;
+  }
+  s = rt->ops->event_record(rt->be, it->ev, bstream);
+  if (s != SPW_OK) {
+    spw__event_put(rt, it->ev);
+    free(it);
+    return s;
+  }
+  it->fn = fn;
+  it->arg = arg;
+  it->next = NULL;
+  pthread_mutex_lock(&c->mu);
+  it->seq = ++c->submitted;
+  if (c->tail) c->tail->next = it;
+  else c->head = it;
+  c->tail = it;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  return SPW_OK;
+}
+
+void spw__completions_drain(spw_runtime_t *rt) {
+  spw_completions_t *c = rt->completions;
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  /* Items finish out of order: everything submitted so far has run once none of them is in
+   * the list and the poller holds no detached list. */
+  uint64_t target = c->submitted;
+  for (;;) {
+    int older_pending = c->busy;
+    for (item_t *it = c->head; it && !older_pending; it = it->next)
+      if (it->seq <= target) older_pending = 1;
+    if (!older_pending) break;
+    pthread_cond_wait(&c->done_cv, &c->mu);
+  }
+  pthread_mutex_unlock(&c->mu);
+}

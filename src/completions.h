@@ -1,0 +1,25 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private header, never installed: run a function once a stream's work so far completes,
+ * without blocking anyone. An event is recorded on the stream; one poller thread per runtime
+ * watches the pending events and runs each function on its own thread once its event has
+ * completed. That thread may call the backend (a CUDA host function may not), which is why
+ * the lock release of spw_stream_release_async goes through here rather than
+ * cudaLaunchHostFunc. Functions run outside every lock, in no guaranteed order between
+ * streams. */
+#ifndef SPILLWAY_SRC_COMPLETIONS_H
+#define SPILLWAY_SRC_COMPLETIONS_H
+
+#include "spillway/spillway.h"
+
+typedef void (*spw_completion_fn)(spw_runtime_t *rt, void *arg);
+
+int spw__completions_start(spw_runtime_t *rt);
+/* Runs what is pending (waiting for its events), then stops the poller. */
+void spw__completions_stop(spw_runtime_t *rt);
+/* fn(rt, arg) runs once the work enqueued on bstream so far has completed. On error fn is
+ * never called. */
+int spw__after_stream(spw_runtime_t *rt, spw_stream_t bstream, spw_completion_fn fn, void *arg);
+/* Blocks until everything submitted before the call has run. */
+void spw__completions_drain(spw_runtime_t *rt);
+
+#endif /* SPILLWAY_SRC_COMPLETIONS_H */

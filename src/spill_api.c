@@ -1,0 +1,65 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The explicit spill calls of the public API: spw_spill, spw_prefetch, spw_wait_idle. They
+ * validate and hand the work to the engine; none of them waits on the engine except
+ * spw_wait_idle, which is why only that one refuses to run inside a controller callback. */
+#include "../spill/engine.h"
+#include "completions.h"
+#include "runtime.h"
+
+int spw_spill(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t tier) {
+  if (!rt || (tier != SPW_TIER_HOST && tier != SPW_TIER_DISK)) return SPW_ERR_INVALID_ARG;
+  spw_slot_t *s;
+  uint64_t w;
+  int st = spw__handles_lookup(&rt->handles, buf, &s, &w);
+  if (st != SPW_OK) return st;
+  if (w & SPW_W_FREE_PENDING) return SPW_ERR_FREED;
+  switch (spw__w_state(w)) {
+  case SPW_STATE_RESIDENT:
+    if (spw__w_count(w) > 0) return SPW_ERR_LOCKED;
+    break;
+  case SPW_STATE_HOST:
+  case SPW_STATE_DEMOTING:
+    if (tier == SPW_TIER_HOST) return SPW_OK;
+    break;
+  case SPW_STATE_DISK:
+    return SPW_OK;
+  default: /* SPILLING or UNSPILLING: the engine sorts it out when it gets there */
+    break;
+  }
+  return spw__engine_submit_spill(rt, buf, tier);
+}
+
+int spw_prefetch(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream) {
+  if (!rt) return SPW_ERR_INVALID_ARG;
+  spw_stream_entry_t *e;
+  int st = spw__stream_lookup(rt, stream, &e);
+  if (st != SPW_OK) return st;
+  spw_slot_t *s;
+  uint64_t w;
+  st = spw__handles_lookup(&rt->handles, buf, &s, &w);
+  if (st != SPW_OK) return st;
+  if (w & SPW_W_FREE_PENDING) return SPW_ERR_FREED;
+  if (spw__w_state(w) == SPW_STATE_DISK || spw__in_callback(rt))
+    return spw__engine_submit_prefetch(rt, buf, e->bstream);
+  if (spw__w_state(w) != SPW_STATE_HOST) return SPW_OK; /* resident, or on its way */
+  spw_state_event_t ev = {0};
+  void *d;
+  pthread_mutex_lock(&s->mu);
+  w = atomic_load(&s->word);
+  if (spw__w_gen(w) != spw__handle_gen(buf) || (w & SPW_W_FREE_PENDING)) st = SPW_ERR_FREED;
+  else if (spw__w_state(w) == SPW_STATE_HOST)
+    /* Read-only: keep the host copy, so that if the buffer is only read before it is
+     * spilled again, the re-spill moves no bytes. */
+    st = spw__unspill_host(rt, s, buf, e->bstream, SPW_ACQUIRE_READ, 0, &d, &ev);
+  pthread_mutex_unlock(&s->mu);
+  if (ev.buf) spw__notify_state(rt, &ev);
+  return st;
+}
+
+int spw_wait_idle(spw_runtime_t *rt) {
+  if (!rt) return SPW_ERR_INVALID_ARG;
+  if (spw__in_callback(rt)) return SPW_ERR_WOULD_DEADLOCK;
+  spw__engine_wait_idle(rt);
+  spw__completions_drain(rt);
+  return atomic_exchange(&rt->async_error, SPW_OK);
+}

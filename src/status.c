@@ -1,0 +1,31 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Status strings: spw_strerror and spw_err_name, both generated from SPW_STATUS_MAP in
+ * spillway.h so that a code added to the table gets its name and text with no edit here.
+ * The returned strings are static literals: never NULL, safe from any thread. */
+#include "spillway/spillway.h"
+
+static const char spw_unknown_status[] = "unknown status";
+
+SPW_API const char *spw_strerror(int status) {
+  switch (status) {
+#define SPW__STATUS_TEXT(name, value, text) \
+  case SPW_##name:                          \
+    return text;
+    SPW_STATUS_MAP(SPW__STATUS_TEXT)
+#undef SPW__STATUS_TEXT
+  default:
+    return spw_unknown_status;
+  }
+}
+
+SPW_API const char *spw_err_name(int status) {
+  switch (status) {
+#define SPW__STATUS_NAME(name, value, text) \
+  case SPW_##name:                          \
+    return "SPW_" #name;
+    SPW_STATUS_MAP(SPW__STATUS_NAME)
+#undef SPW__STATUS_NAME
+  default:
+    return spw_unknown_status;
+  }
+}

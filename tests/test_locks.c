@@ -1,0 +1,287 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Behaviour tests of retrieve-and-lock (public API only): acquire gives a stable device
+ * pointer and one more lock, locks nest and are released one at a time and only by the
+ * stream that holds them, acquire_n is all or nothing, spw_stream_synchronize releases the
+ * locks of its stream and of no other, and data survives release and re-acquire. Device
+ * memory is touched only through spw_memcpy_async, so every test is valid on both
+ * backends. */
+#include <stdint.h>
+
+#include "test_util.h"
+
+#define RUN(test)                                                                            \
+  do {                                                                                       \
+    printf("%s\n", #test);                                                                   \
+    fflush(stdout);                                                                          \
+    test();                                                                                  \
+  } while (0)
+
+static uint32_t locks_of(spw_runtime_t *rt, spw_buf_t b) {
+  uint32_t n = 0xFFFFFFFFu;
+  ASSERT_OK(spw_buf_lock_count(rt, b, &n));
+  return n;
+}
+
+static uint64_t locked_bytes(spw_runtime_t *rt) {
+  spw_stats_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  ASSERT_OK(spw_get_stats(rt, &st));
+  return st.locked_bytes;
+}
+
+static void acquire_returns_pointer_and_one_lock(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  void *d = NULL;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 4096, s, &b));
+  ASSERT_EQ(locks_of(rt, b), 0);
+  ASSERT_UEQ(locked_bytes(rt), 0);
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  ASSERT_TRUE(d != NULL);
+  ASSERT_EQ(locks_of(rt, b), 1);
+  ASSERT_UEQ(locked_bytes(rt), 4096);
+  ASSERT_OK(spw_release(rt, b, s));
+  ASSERT_EQ(locks_of(rt, b), 0);
+  ASSERT_UEQ(locked_bytes(rt), 0);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void locks_nest_and_release_one_at_a_time(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  void *d[3] = {NULL, NULL, NULL};
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 1024, s, &b));
+  for (int i = 0; i < 3; i++) {
+    ASSERT_OK(spw_acquire(rt, b, s, i == 1 ? SPW_ACQUIRE_READ : 0, &d[i]));
+    ASSERT_EQ(locks_of(rt, b), i + 1);
+  }
+  ASSERT_TRUE(d[0] != NULL);
+  ASSERT_UEQ((uintptr_t)d[1], (uintptr_t)d[0]);
+  ASSERT_UEQ((uintptr_t)d[2], (uintptr_t)d[0]);
+  /* Locked bytes count the buffer once, however many locks it holds. */
+  ASSERT_UEQ(locked_bytes(rt), 1024);
+  for (int i = 3; i > 0; i--) {
+    ASSERT_OK(spw_release(rt, b, s));
+    ASSERT_EQ(locks_of(rt, b), i - 1);
+  }
+  ASSERT_UEQ(locked_bytes(rt), 0);
+  ASSERT_STATUS(spw_release(rt, b, s), SPW_ERR_NOT_LOCKED);
+  ASSERT_EQ(locks_of(rt, b), 0);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void release_without_lock_gives_not_locked(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 512, s, &b));
+  ASSERT_STATUS(spw_release(rt, b, s), SPW_ERR_NOT_LOCKED);
+  ASSERT_STATUS(spw_release(rt, b, NULL), SPW_ERR_NOT_LOCKED);
+  ASSERT_EQ(locks_of(rt, b), 0);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void release_on_another_stream_gives_not_locked(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s1, s2;
+  spw_buf_t b;
+  void *d = NULL;
+  ASSERT_OK(spw_stream_create(rt, &s1));
+  ASSERT_OK(spw_stream_create(rt, &s2));
+  ASSERT_OK(spw_alloc(rt, 512, s1, &b));
+  ASSERT_OK(spw_acquire(rt, b, s1, 0, &d));
+  ASSERT_STATUS(spw_release(rt, b, s2), SPW_ERR_NOT_LOCKED);
+  ASSERT_STATUS(spw_release(rt, b, NULL), SPW_ERR_NOT_LOCKED);
+  ASSERT_EQ(locks_of(rt, b), 1);
+  ASSERT_OK(spw_release(rt, b, s1));
+  ASSERT_EQ(locks_of(rt, b), 0);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void acquire_n_is_all_or_nothing(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t a, b, c, dead;
+  void *da = NULL;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 256, s, &a));
+  ASSERT_OK(spw_alloc(rt, 512, s, &b));
+  ASSERT_OK(spw_alloc(rt, 1024, s, &c));
+  ASSERT_OK(spw_alloc(rt, 2048, s, &dead));
+  ASSERT_OK(spw_free(rt, dead));
+  /* `a` holds a lock already, so "unchanged" is 1 for it, not just 0. */
+  ASSERT_OK(spw_acquire(rt, a, s, 0, &da));
+  const uint64_t locked_before = locked_bytes(rt);
+  ASSERT_UEQ(locked_before, 256);
+  /* The dead handle first, in the middle and last: whatever was locked before it in the
+   * list must be unlocked again. */
+  const spw_buf_t lists[3][4] = {{dead, a, b, c}, {a, b, dead, c}, {a, b, c, dead}};
+  void *sentinel = (void *)&da;
+  for (int l = 0; l < 3; l++) {
+    void *dptrs[4] = {sentinel, sentinel, sentinel, sentinel};
+    ASSERT_STATUS(spw_acquire_n(rt, lists[l], 4, s, 0, dptrs), SPW_ERR_FREED);
+    for (int i = 0; i < 4; i++) ASSERT_UEQ((uintptr_t)dptrs[i], (uintptr_t)sentinel);
+    ASSERT_EQ(locks_of(rt, a), 1);
+    ASSERT_EQ(locks_of(rt, b), 0);
+    ASSERT_EQ(locks_of(rt, c), 0);
+    ASSERT_UEQ(locked_bytes(rt), locked_before);
+  }
+  /* A forged handle is refused the same way. */
+  const spw_buf_t forged[3] = {b, c, ~(spw_buf_t)0};
+  void *dptrs[3] = {sentinel, sentinel, sentinel};
+  const int fs = spw_acquire_n(rt, forged, 3, s, 0, dptrs);
+  ASSERT_TRUE(fs == SPW_ERR_INVALID_HANDLE || fs == SPW_ERR_FREED);
+  for (int i = 0; i < 3; i++) ASSERT_UEQ((uintptr_t)dptrs[i], (uintptr_t)sentinel);
+  ASSERT_EQ(locks_of(rt, b), 0);
+  ASSERT_EQ(locks_of(rt, c), 0);
+  /* Nothing was left in the stream's lock map either: no stray lock to release. */
+  ASSERT_STATUS(spw_release(rt, b, s), SPW_ERR_NOT_LOCKED);
+  ASSERT_STATUS(spw_release(rt, c, s), SPW_ERR_NOT_LOCKED);
+  ASSERT_OK(spw_release(rt, a, s));
+  ASSERT_STATUS(spw_release(rt, a, s), SPW_ERR_NOT_LOCKED);
+  ASSERT_UEQ(locked_bytes(rt), 0);
+  ASSERT_OK(spw_free(rt, a));
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_free(rt, c));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void acquire_n_with_duplicate_locks_it_twice(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t a, b;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 256, s, &a));
+  ASSERT_OK(spw_alloc(rt, 512, s, &b));
+  const spw_buf_t list[3] = {a, b, a};
+  void *dptrs[3] = {NULL, NULL, NULL};
+  ASSERT_OK(spw_acquire_n(rt, list, 3, s, 0, dptrs));
+  ASSERT_TRUE(dptrs[0] != NULL);
+  ASSERT_TRUE(dptrs[1] != NULL);
+  ASSERT_UEQ((uintptr_t)dptrs[2], (uintptr_t)dptrs[0]);
+  ASSERT_TRUE(dptrs[1] != dptrs[0]);
+  ASSERT_EQ(locks_of(rt, a), 2);
+  ASSERT_EQ(locks_of(rt, b), 1);
+  ASSERT_UEQ(locked_bytes(rt), 256 + 512);
+  ASSERT_OK(spw_release(rt, a, s));
+  ASSERT_EQ(locks_of(rt, a), 1);
+  ASSERT_OK(spw_release(rt, a, s));
+  ASSERT_EQ(locks_of(rt, a), 0);
+  ASSERT_STATUS(spw_release(rt, a, s), SPW_ERR_NOT_LOCKED);
+  ASSERT_OK(spw_release(rt, b, s));
+  ASSERT_UEQ(locked_bytes(rt), 0);
+  ASSERT_OK(spw_free(rt, a));
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void synchronize_releases_locks_of_that_stream_only(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s1, s2;
+  spw_buf_t a, b, c;
+  void *d = NULL;
+  ASSERT_OK(spw_stream_create(rt, &s1));
+  ASSERT_OK(spw_stream_create(rt, &s2));
+  ASSERT_OK(spw_alloc(rt, 256, s1, &a));
+  ASSERT_OK(spw_alloc(rt, 512, s1, &b));
+  ASSERT_OK(spw_alloc(rt, 1024, s1, &c));
+  ASSERT_OK(spw_acquire(rt, a, s1, 0, &d));
+  ASSERT_OK(spw_acquire(rt, a, s1, 0, &d));
+  ASSERT_OK(spw_acquire(rt, b, s1, 0, &d));
+  ASSERT_OK(spw_acquire(rt, a, s2, 0, &d));
+  ASSERT_OK(spw_acquire(rt, c, s2, 0, &d));
+  ASSERT_EQ(locks_of(rt, a), 3);
+  ASSERT_OK(spw_stream_synchronize(rt, s1));
+  ASSERT_EQ(locks_of(rt, a), 1);
+  ASSERT_EQ(locks_of(rt, b), 0);
+  ASSERT_EQ(locks_of(rt, c), 1);
+  ASSERT_UEQ(locked_bytes(rt), 256 + 1024);
+  ASSERT_STATUS(spw_release(rt, a, s1), SPW_ERR_NOT_LOCKED);
+  /* Synchronizing again with nothing locked is fine and changes nothing. */
+  ASSERT_OK(spw_stream_synchronize(rt, s1));
+  ASSERT_EQ(locks_of(rt, a), 1);
+  ASSERT_OK(spw_stream_synchronize(rt, s2));
+  ASSERT_EQ(locks_of(rt, a), 0);
+  ASSERT_EQ(locks_of(rt, c), 0);
+  ASSERT_UEQ(locked_bytes(rt), 0);
+  ASSERT_OK(spw_free(rt, a));
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_free(rt, c));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void null_stream_locks_are_released_by_synchronizing_null(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t a;
+  void *d = NULL;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 256, NULL, &a));
+  ASSERT_OK(spw_acquire(rt, a, NULL, 0, &d));
+  ASSERT_OK(spw_acquire(rt, a, s, 0, &d));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_EQ(locks_of(rt, a), 1);
+  ASSERT_OK(spw_stream_synchronize(rt, NULL));
+  ASSERT_EQ(locks_of(rt, a), 0);
+  ASSERT_OK(spw_free(rt, a));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void data_survives_release_and_reacquire(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  enum { BYTES = 256 * 1024 };
+  spw_stream_t s1, s2;
+  spw_buf_t b, other;
+  void *d = NULL, *d2 = NULL;
+  uint8_t *in = malloc(BYTES), *out = malloc(BYTES);
+  ASSERT_TRUE(in != NULL && out != NULL);
+  test_fill(in, BYTES, 99);
+  memset(out, 0, BYTES);
+  ASSERT_OK(spw_stream_create(rt, &s1));
+  ASSERT_OK(spw_stream_create(rt, &s2));
+  ASSERT_OK(spw_alloc(rt, BYTES, s1, &b));
+  ASSERT_OK(spw_acquire(rt, b, s1, 0, &d));
+  ASSERT_OK(spw_memcpy_async(rt, d, in, BYTES, s1));
+  ASSERT_OK(spw_stream_synchronize(rt, s1));
+  ASSERT_EQ(locks_of(rt, b), 0);
+  /* Other traffic in between must not disturb an unlocked buffer. */
+  ASSERT_OK(spw_alloc(rt, BYTES, s2, &other));
+  ASSERT_OK(spw_acquire(rt, other, s2, 0, &d2));
+  ASSERT_OK(spw_memcpy_async(rt, d2, out, BYTES, s2));
+  ASSERT_OK(spw_stream_synchronize(rt, s2));
+  ASSERT_OK(spw_free(rt, other));
+  /* Re-acquired on another stream, for reading. */
+  ASSERT_OK(spw_acquire(rt, b, s2, SPW_ACQUIRE_READ, &d));
+  ASSERT_OK(spw_memcpy_async(rt, out, d, BYTES, s2));
+  ASSERT_OK(spw_stream_synchronize(rt, s2));
+  ASSERT_EQ(test_first_mismatch(out, BYTES, 99), (size_t)-1);
+  ASSERT_EQ(locks_of(rt, b), 0);
+  ASSERT_OK(spw_free(rt, b));
+  free(in);
+  free(out);
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+int main(void) {
+  RUN(acquire_returns_pointer_and_one_lock);
+  RUN(locks_nest_and_release_one_at_a_time);
+  RUN(release_without_lock_gives_not_locked);
+  RUN(release_on_another_stream_gives_not_locked);
+  RUN(acquire_n_is_all_or_nothing);
+  RUN(acquire_n_with_duplicate_locks_it_twice);
+  RUN(synchronize_releases_locks_of_that_stream_only);
+  RUN(null_stream_locks_are_released_by_synchronizing_null);
+  RUN(data_survives_release_and_reacquire);
+  printf("ok\n");
+  return 0;
+}

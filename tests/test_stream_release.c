@@ -1,0 +1,331 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Behaviour tests of stream-ordered lock release, the key RMMEP-1 behaviour (public API
+ * only). A host func that blocks on a gate stands for a long kernel: on the CUDA backend it
+ * blocks the stream exactly as one would. While the stream is blocked, release_async must
+ * not block the caller nor release anything, synchronize must wait, a lock taken after
+ * release_async must survive it, a freed locked buffer must keep its memory, and the runtime
+ * must refuse to be destroyed. Every gate opens by itself after GATE_TIMEOUT_S, so a library
+ * that waits where it must not fails the test instead of hanging it. */
+#include <errno.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "test_util.h"
+
+#define RUN(test)                                                                            \
+  do {                                                                                       \
+    printf("%s\n", #test);                                                                   \
+    fflush(stdout);                                                                          \
+    test();                                                                                  \
+  } while (0)
+
+#define GATE_TIMEOUT_S 5
+#define POLL_TIMEOUT_MS 5000
+
+typedef struct gate {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  bool open, entered, timed_out;
+} gate_t;
+
+static void gate_init(gate_t *g) {
+  pthread_condattr_t ca;
+  ASSERT_EQ(pthread_condattr_init(&ca), 0);
+  ASSERT_EQ(pthread_condattr_setclock(&ca, CLOCK_MONOTONIC), 0);
+  ASSERT_EQ(pthread_mutex_init(&g->mu, NULL), 0);
+  ASSERT_EQ(pthread_cond_init(&g->cv, &ca), 0);
+  pthread_condattr_destroy(&ca);
+  g->open = g->entered = g->timed_out = false;
+}
+
+static void gate_fini(gate_t *g) {
+  pthread_cond_destroy(&g->cv);
+  pthread_mutex_destroy(&g->mu);
+}
+
+/* The host func: blocks its stream until the gate opens (or GATE_TIMEOUT_S passes). */
+static void gate_wait(void *arg) {
+  gate_t *g = arg;
+  struct timespec deadline;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += GATE_TIMEOUT_S;
+  pthread_mutex_lock(&g->mu);
+  g->entered = true;
+  pthread_cond_broadcast(&g->cv);
+  while (!g->open) {
+    if (pthread_cond_timedwait(&g->cv, &g->mu, &deadline) == ETIMEDOUT) {
+      g->timed_out = true;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&g->mu);
+}
+
+static void gate_open(gate_t *g) {
+  pthread_mutex_lock(&g->mu);
+  g->open = true;
+  pthread_cond_broadcast(&g->cv);
+  pthread_mutex_unlock(&g->mu);
+}
+
+static bool gate_timed_out(gate_t *g) {
+  pthread_mutex_lock(&g->mu);
+  bool t = g->timed_out;
+  pthread_mutex_unlock(&g->mu);
+  return t;
+}
+
+/* Waits until the host func runs, so that "the stream is blocked" is a fact, not a race. */
+static void gate_await_entered(gate_t *g) {
+  struct timespec deadline;
+  clock_gettime(CLOCK_MONOTONIC, &deadline);
+  deadline.tv_sec += GATE_TIMEOUT_S;
+  pthread_mutex_lock(&g->mu);
+  while (!g->entered)
+    if (pthread_cond_timedwait(&g->cv, &g->mu, &deadline) == ETIMEDOUT) break;
+  bool entered = g->entered;
+  pthread_mutex_unlock(&g->mu);
+  ASSERT_TRUE(entered);
+}
+
+static void sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static uint32_t locks_of(spw_runtime_t *rt, spw_buf_t b) {
+  uint32_t n = 0xFFFFFFFFu;
+  ASSERT_OK(spw_buf_lock_count(rt, b, &n));
+  return n;
+}
+
+/* Polls until `b` holds `want` locks; returns false after POLL_TIMEOUT_MS. */
+static bool await_locks(spw_runtime_t *rt, spw_buf_t b, uint32_t want) {
+  for (int waited = 0; waited < POLL_TIMEOUT_MS; waited++) {
+    if (locks_of(rt, b) == want) return true;
+    sleep_ms(1);
+  }
+  return locks_of(rt, b) == want;
+}
+
+static spw_stats_t stats_of(spw_runtime_t *rt) {
+  spw_stats_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  ASSERT_OK(spw_get_stats(rt, &st));
+  return st;
+}
+
+static void release_async_does_not_block_and_releases_when_work_completes(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  void *d = NULL;
+  gate_t g;
+  gate_init(&g);
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 4096, s, &b));
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  ASSERT_OK(spw_launch_host_func(rt, s, gate_wait, &g));
+  ASSERT_OK(spw_stream_release_async(rt, s));
+  /* Returning before the gate opened by itself proves it did not wait for the stream. */
+  ASSERT_TRUE(!gate_timed_out(&g));
+  gate_await_entered(&g);
+  ASSERT_EQ(locks_of(rt, b), 1);
+  sleep_ms(100);
+  ASSERT_EQ(locks_of(rt, b), 1);
+  ASSERT_UEQ(stats_of(rt).locked_bytes, 4096);
+  gate_open(&g);
+  ASSERT_TRUE(await_locks(rt, b, 0));
+  ASSERT_TRUE(!gate_timed_out(&g));
+  ASSERT_UEQ(stats_of(rt).locked_bytes, 0);
+  ASSERT_STATUS(spw_release(rt, b, s), SPW_ERR_NOT_LOCKED);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  gate_fini(&g);
+}
+
+typedef struct sync_call {
+  spw_runtime_t *rt;
+  spw_stream_t s;
+  int status;
+  atomic_bool done;
+} sync_call_t;
+
+static void *sync_thread(void *arg) {
+  sync_call_t *c = arg;
+  c->status = spw_stream_synchronize(c->rt, c->s);
+  atomic_store(&c->done, true);
+  return NULL;
+}
+
+static void synchronize_waits_for_a_blocked_stream_then_releases(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  void *d = NULL;
+  gate_t g;
+  gate_init(&g);
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 4096, s, &b));
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  ASSERT_OK(spw_launch_host_func(rt, s, gate_wait, &g));
+  gate_await_entered(&g);
+  sync_call_t c = {rt, s, 1, false};
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, sync_thread, &c), 0);
+  sleep_ms(200);
+  ASSERT_TRUE(!atomic_load(&c.done));
+  ASSERT_EQ(locks_of(rt, b), 1);
+  gate_open(&g);
+  for (int waited = 0; waited < POLL_TIMEOUT_MS && !atomic_load(&c.done); waited++) sleep_ms(1);
+  ASSERT_TRUE(atomic_load(&c.done));
+  ASSERT_EQ(pthread_join(t, NULL), 0);
+  ASSERT_OK(c.status);
+  ASSERT_TRUE(!gate_timed_out(&g));
+  ASSERT_EQ(locks_of(rt, b), 0);
+  ASSERT_UEQ(stats_of(rt).locked_bytes, 0);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  gate_fini(&g);
+}
+
+static void lock_taken_after_release_async_is_kept(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t a, b;
+  void *d = NULL;
+  gate_t g;
+  gate_init(&g);
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 4096, s, &a));
+  ASSERT_OK(spw_alloc(rt, 8192, s, &b));
+  ASSERT_OK(spw_acquire(rt, a, s, 0, &d));
+  ASSERT_OK(spw_launch_host_func(rt, s, gate_wait, &g));
+  ASSERT_OK(spw_stream_release_async(rt, s));
+  /* Both a second lock on the buffer already scheduled for release and a first lock on
+   * another buffer, on the same stream, after the call. */
+  ASSERT_OK(spw_acquire(rt, a, s, 0, &d));
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  ASSERT_EQ(locks_of(rt, a), 2);
+  ASSERT_EQ(locks_of(rt, b), 1);
+  gate_open(&g);
+  ASSERT_TRUE(await_locks(rt, a, 1));
+  sleep_ms(100); /* a late second pass of the release would show now */
+  ASSERT_EQ(locks_of(rt, a), 1);
+  ASSERT_EQ(locks_of(rt, b), 1);
+  ASSERT_UEQ(stats_of(rt).locked_bytes, 4096 + 8192);
+  ASSERT_OK(spw_release(rt, a, s));
+  ASSERT_OK(spw_release(rt, b, s));
+  ASSERT_STATUS(spw_release(rt, a, s), SPW_ERR_NOT_LOCKED);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_TRUE(!gate_timed_out(&g));
+  ASSERT_OK(spw_free(rt, a));
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  gate_fini(&g);
+}
+
+typedef struct writer {
+  void *dptr;
+  size_t bytes;
+  uint64_t seed;
+} writer_t;
+
+/* Host backend only: device memory is host memory, written by the stream's own thread. */
+static void write_pattern(void *arg) {
+  writer_t *w = arg;
+  test_fill(w->dptr, w->bytes, w->seed);
+}
+
+static void free_of_a_locked_buffer_keeps_memory_until_release(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  enum { BYTES = 1 << 20 };
+  spw_backend_kind_t kind;
+  spw_stream_t s;
+  spw_buf_t b;
+  void *d = NULL;
+  gate_t g;
+  gate_init(&g);
+  uint8_t *in = malloc(BYTES), *out = malloc(BYTES);
+  ASSERT_TRUE(in != NULL && out != NULL);
+  test_fill(in, BYTES, 1);
+  memset(out, 0, BYTES);
+  ASSERT_OK(spw_runtime_backend(rt, &kind));
+  ASSERT_OK(spw_stream_create(rt, &s));
+  const spw_stats_t before = stats_of(rt);
+  ASSERT_OK(spw_alloc(rt, BYTES, s, &b));
+  ASSERT_UEQ(stats_of(rt).device_bytes, before.device_bytes + BYTES);
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  /* Work queued behind the gate touches the buffer after spw_free has returned: a copy in,
+   * on the host backend a host func writing it directly, and a copy out to check. */
+  writer_t w = {d, BYTES, 2};
+  ASSERT_OK(spw_launch_host_func(rt, s, gate_wait, &g));
+  ASSERT_OK(spw_memcpy_async(rt, d, in, BYTES, s));
+  if (kind == SPW_BACKEND_HOST) ASSERT_OK(spw_launch_host_func(rt, s, write_pattern, &w));
+  ASSERT_OK(spw_memcpy_async(rt, out, d, BYTES, s));
+  ASSERT_OK(spw_free(rt, b));
+  /* The handle is dead at once... */
+  size_t size;
+  uint32_t locks;
+  ASSERT_STATUS(spw_buf_size(rt, b, &size), SPW_ERR_FREED);
+  ASSERT_STATUS(spw_buf_lock_count(rt, b, &locks), SPW_ERR_FREED);
+  ASSERT_STATUS(spw_acquire(rt, b, s, 0, &d), SPW_ERR_FREED);
+  ASSERT_STATUS(spw_free(rt, b), SPW_ERR_FREED);
+  /* ...but its memory is not. */
+  ASSERT_UEQ(stats_of(rt).device_bytes, before.device_bytes + BYTES);
+  sleep_ms(50);
+  ASSERT_UEQ(stats_of(rt).device_bytes, before.device_bytes + BYTES);
+  gate_open(&g);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_TRUE(!gate_timed_out(&g));
+  ASSERT_EQ(test_first_mismatch(out, BYTES, kind == SPW_BACKEND_HOST ? 2 : 1), (size_t)-1);
+  const spw_stats_t after = stats_of(rt);
+  ASSERT_UEQ(after.device_bytes, before.device_bytes);
+  ASSERT_UEQ(after.locked_bytes, 0);
+  ASSERT_UEQ(after.buffers, before.buffers);
+  ASSERT_OK(spw_runtime_destroy(rt));
+  free(in);
+  free(out);
+  gate_fini(&g);
+}
+
+static void destroy_with_a_locked_buffer_is_busy(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t a, b;
+  void *d = NULL;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 4096, s, &a));
+  ASSERT_OK(spw_acquire(rt, a, s, 0, &d));
+  ASSERT_STATUS(spw_runtime_destroy(rt), SPW_ERR_BUSY);
+  /* Nothing was destroyed: the buffer, its lock, the stream and allocation all still work. */
+  size_t size = 0;
+  ASSERT_OK(spw_buf_size(rt, a, &size));
+  ASSERT_EQ(size, 4096);
+  ASSERT_EQ(locks_of(rt, a), 1);
+  ASSERT_OK(spw_alloc(rt, 1024, s, &b));
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  ASSERT_OK(spw_release(rt, b, s));
+  ASSERT_UEQ(stats_of(rt).buffers, 2);
+  ASSERT_STATUS(spw_runtime_destroy(rt), SPW_ERR_BUSY);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_EQ(locks_of(rt, a), 0);
+  /* Unlocked buffers (and the created stream) are the runtime's to clean up. */
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+int main(void) {
+  RUN(release_async_does_not_block_and_releases_when_work_completes);
+  RUN(synchronize_waits_for_a_blocked_stream_then_releases);
+  RUN(lock_taken_after_release_async_is_kept);
+  RUN(free_of_a_locked_buffer_keeps_memory_until_release);
+  RUN(destroy_with_a_locked_buffer_is_busy);
+  printf("ok\n");
+  return 0;
+}

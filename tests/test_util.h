@@ -1,0 +1,107 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Test support, shared by every test: assertion macros that print the expression and both
+ * values, the skip convention (exit 77), and runtime creation on the backend CTest chose
+ * (SPILLWAY_BACKEND=host|cuda; a cuda test without a GPU skips). */
+#ifndef SPILLWAY_TESTS_TEST_UTIL_H
+#define SPILLWAY_TESTS_TEST_UTIL_H
+
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "spillway/spillway.h"
+
+#define TEST_SKIP 77
+
+#define ASSERT_TRUE(expr)                                                                    \
+  do {                                                                                       \
+    if (!(expr)) {                                                                           \
+      fprintf(stderr, "%s:%d: ASSERT_TRUE(%s) failed\n", __FILE__, __LINE__, #expr);        \
+      abort();                                                                               \
+    }                                                                                        \
+  } while (0)
+
+#define ASSERT_CMP_(a, b, op, fmt, type)                                                     \
+  do {                                                                                       \
+    type a_ = (type)(a);                                                                     \
+    type b_ = (type)(b);                                                                     \
+    if (!(a_ op b_)) {                                                                       \
+      fprintf(stderr, "%s:%d: ASSERT(%s %s %s) failed: " fmt " vs " fmt "\n", __FILE__,     \
+              __LINE__, #a, #op, #b, a_, b_);                                                \
+      abort();                                                                               \
+    }                                                                                        \
+  } while (0)
+
+#define ASSERT_EQ(a, b) ASSERT_CMP_(a, b, ==, "%" PRId64, int64_t)
+#define ASSERT_NE(a, b) ASSERT_CMP_(a, b, !=, "%" PRId64, int64_t)
+#define ASSERT_LT(a, b) ASSERT_CMP_(a, b, <, "%" PRId64, int64_t)
+#define ASSERT_LE(a, b) ASSERT_CMP_(a, b, <=, "%" PRId64, int64_t)
+#define ASSERT_GT(a, b) ASSERT_CMP_(a, b, >, "%" PRId64, int64_t)
+#define ASSERT_GE(a, b) ASSERT_CMP_(a, b, >=, "%" PRId64, int64_t)
+#define ASSERT_UEQ(a, b) ASSERT_CMP_(a, b, ==, "%" PRIu64, uint64_t)
+#define ASSERT_PTR_EQ(a, b) ASSERT_CMP_(a, b, ==, "%p", const void *)
+#define ASSERT_PTR_NE(a, b) ASSERT_CMP_(a, b, !=, "%p", const void *)
+
+/* ASSERT_OK(call): the call returned SPW_OK; prints the status name otherwise. */
+#define ASSERT_STATUS(call, expected)                                                        \
+  do {                                                                                       \
+    int s_ = (call), e_ = (expected);                                                        \
+    if (s_ != e_) {                                                                          \
+      fprintf(stderr, "%s:%d: %s returned %s (%d), expected %s\n", __FILE__, __LINE__,      \
+              #call, spw_err_name(s_), s_, spw_err_name(e_));                                \
+      abort();                                                                               \
+    }                                                                                        \
+  } while (0)
+#define ASSERT_OK(call) ASSERT_STATUS(call, SPW_OK)
+
+#define TEST_SKIP_IF(cond, why)                                                              \
+  do {                                                                                       \
+    if (cond) {                                                                              \
+      printf("SKIP: %s\n", why);                                                             \
+      exit(TEST_SKIP);                                                                       \
+    }                                                                                        \
+  } while (0)
+
+/* The backend the test runs on, from SPILLWAY_BACKEND (default host). */
+static inline spw_backend_kind_t test_backend(void) {
+  const char *b = getenv("SPILLWAY_BACKEND");
+  return (b && strcmp(b, "cuda") == 0) ? SPW_BACKEND_CUDA : SPW_BACKEND_HOST;
+}
+
+/* Creates a runtime on the test's backend with `cfg` (NULL: defaults); skips (exit 77) when
+ * the CUDA backend was asked for and there is no GPU. */
+static inline spw_runtime_t *test_runtime(spw_config_t *cfg) {
+  spw_config_t def = SPW_CONFIG_INIT;
+  if (!cfg) cfg = &def;
+  cfg->backend = test_backend();
+  spw_runtime_t *rt = NULL;
+  int s = spw_runtime_create(cfg, &rt);
+  TEST_SKIP_IF(s == SPW_ERR_NO_DEVICE, "no CUDA device on this machine");
+  if (s != SPW_OK) {
+    char msg[512];
+    spw_config_validate(cfg, msg, sizeof msg);
+    fprintf(stderr, "spw_runtime_create: %s: %s\n", spw_err_name(s), msg);
+    abort();
+  }
+  return rt;
+}
+
+/* A deterministic byte pattern: fill and verify host memory. */
+static inline uint8_t test_pattern_byte(uint64_t seed, uint64_t i) {
+  uint64_t x = (seed + 1) * 0x9E3779B97F4A7C15ull + i * 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 31;
+  return (uint8_t)(x ^ (x >> 17));
+}
+static inline void test_fill(void *p, size_t n, uint64_t seed) {
+  uint8_t *b = (uint8_t *)p;
+  for (size_t i = 0; i < n; i++) b[i] = test_pattern_byte(seed, i);
+}
+static inline size_t test_first_mismatch(const void *p, size_t n, uint64_t seed) {
+  const uint8_t *b = (const uint8_t *)p;
+  for (size_t i = 0; i < n; i++)
+    if (b[i] != test_pattern_byte(seed, i)) return i;
+  return (size_t)-1;
+}
+
+#endif /* SPILLWAY_TESTS_TEST_UTIL_H */

@@ -1,0 +1,15 @@
+# One line per test. Behaviour tests run on both backends (labels cpu and gpu).
+spw_unit_test(test_backend_host)
+spw_behaviour_test(test_handles)
+spw_behaviour_test(test_locks)
+spw_behaviour_test(test_stream_release)
+spw_behaviour_test(test_bad_input)
+spw_behaviour_test(test_concurrency)
+spw_unit_test(test_host_arena)
+spw_unit_test(test_config)
+spw_unit_test(test_status)
+spw_unit_test(test_backend_cuda)
+set_tests_properties(test_backend_cuda PROPERTIES LABELS gpu)
+if(SPW_HAVE_CUDA) # the test reaches spw__backend_cuda_ops, declared only under this macro
+  target_compile_definitions(test_backend_cuda PRIVATE SPW_HAVE_CUDA)
+endif()
