@@ -116,10 +116,12 @@ static int measure(spw_runtime_t *rt, bench_mode_t mode, int threads, uint64_t i
   pthread_t tid[MAX_THREADS];
   int st = SPW_OK;
   memset(ctx, 0, sizeof ctx);
-  if (mode == MODE_SHARED) st = spw_alloc(rt, 4096, NULL, &r.shared_buf);
-  for (int i = 0; i < threads && st == SPW_OK; i++) {
+  for (int i = 0; i < threads; i++) {
     ctx[i].run = &r;
     pthread_mutex_init(&ctx[i].mutex, NULL);
+  }
+  if (mode == MODE_SHARED) st = spw_alloc(rt, 4096, NULL, &r.shared_buf);
+  for (int i = 0; i < threads && st == SPW_OK; i++) {
     if (mode == MODE_MUTEX) continue;
     st = spw_stream_create(rt, &ctx[i].stream);
     if (st == SPW_OK && mode == MODE_SPILLWAY) st = spw_alloc(rt, 4096, ctx[i].stream, &ctx[i].buf);

@@ -146,6 +146,7 @@ static int check_args(const spw_io_t *io, const void *buf, size_t len, uint64_t 
 static void req_init(spw__io_req_t *r, void *buf, size_t len, uint64_t off, int fixed_index,
                      uint64_t tag, int is_write) {
   memset(r, 0, sizeof *r);
+  atomic_init(&r->handoff, 0);
   r->tag = tag;
   r->buf = buf;
   r->len = len;

@@ -39,6 +39,10 @@ typedef struct spw__io_req {
   int injected;    /* the failure was injected by spw__io_inject_fault */
   int inject_res;  /* io_uring: -errno the carrier NOP stands for (0: a real transfer) */
   unsigned retries; /* consecutive EINTR / EAGAIN */
+  /* io_uring: released by the issuing thread before the kernel sees the SQE, acquired by
+   * the thread that handles the CQE. The ring's own barriers already order the request's
+   * fields; this makes the hand-over explicit in C11 terms (and visible to TSan). */
+  _Atomic unsigned handoff;
 } spw__io_req_t;
 
 typedef struct spw__io_ops {

@@ -93,6 +93,7 @@ static int issue(spw_io_t *io, uring_impl_t *u, spw__io_req_t *r) {
   }
   if (!inj && u->fixed_file) sqe->flags |= IOSQE_FIXED_FILE;
   io_uring_sqe_set_data(sqe, r);
+  atomic_fetch_add_explicit(&r->handoff, 1, memory_order_release);
   int ret = submit_sqes(u);
   if (ret < 0) {
     /* The SQE sits in the ring for the next submit; as a NOP with no owner it harms no
@@ -115,6 +116,7 @@ static unsigned process_cqes(spw_io_t *io, uring_impl_t *u) {
     io_uring_cqe_seen(&u->ring, cqe);
     seen++;
     if (!r) continue;
+    (void)atomic_load_explicit(&r->handoff, memory_order_acquire);
     if (r->inject_res) {
       res = r->inject_res;
       r->inject_res = 0;

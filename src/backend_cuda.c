@@ -3,10 +3,11 @@
  * backend.h). Compiled only with SPW_HAVE_CUDA.
  *
  * What it owns: the device's default memory pool settings (release threshold raised to keep
- * freed memory cached, put back at destroy), the streams it created (kept in a list so that
- * destroy can wait for and destroy them without cudaDeviceSynchronize), and the
- * capabilities probed once at create. Events are cudaEvent_t values cast to spw_bevent_t;
- * their owner destroys them.
+ * freed memory cached, put back at destroy; with two backends on one device, destroy them
+ * in reverse order or the survivor's pool stops caching), the streams it created (kept in a
+ * list so that destroy can wait for and destroy them without cudaDeviceSynchronize), and
+ * the capabilities probed once at create. Events are cudaEvent_t values cast to
+ * spw_bevent_t; their owner destroys them.
  *
  * Invariants:
  *  - every CUDA call is checked; a failure reaches on_error with the CUDA error name and

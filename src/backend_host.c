@@ -436,7 +436,7 @@ static int host_alloc_async(spw_backend_t *b, size_t bytes, spw_stream_t s, void
 static int host_free_async(spw_backend_t *b, void *ptr, spw_stream_t s) {
   if (!ptr) return SPW_OK;
   host_stream_t *hs = from_handle(s);
-  host_op_t *op;
+  host_op_t *op = NULL;
   int st = op_get(b, hs, &op);
   if (st != SPW_OK) return st;
   op->kind = OP_FREE;
@@ -571,7 +571,7 @@ static int host_stream_wait_event(spw_backend_t *b, spw_stream_t s, spw_bevent_t
     stream_unref(es);
     return SPW_OK;
   }
-  host_op_t *op;
+  host_op_t *op = NULL;
   int st = op_get(b, hs, &op);
   if (st != SPW_OK) {
     stream_unref(es);
@@ -591,7 +591,7 @@ static int host_memcpy_async(spw_backend_t *b, void *dst, const void *src, size_
   if (bytes == 0) return SPW_OK;
   if (!dst || !src) return SPW_ERR_INVALID_ARG;
   host_stream_t *hs = from_handle(s);
-  host_op_t *op;
+  host_op_t *op = NULL;
   int st = op_get(b, hs, &op);
   if (st != SPW_OK) return st;
   op->kind = OP_COPY;
@@ -614,7 +614,7 @@ static int host_copy_batch_async(spw_backend_t *b, const spw_copy_desc_t *descs,
   spw_copy_desc_t *copy = malloc(n * sizeof *copy);
   if (!copy) return report_errno(b, "malloc", ENOMEM);
   memcpy(copy, descs, n * sizeof *copy);
-  host_op_t *op;
+  host_op_t *op = NULL;
   int st = op_get(b, hs, &op);
   if (st != SPW_OK) {
     free(copy);
@@ -640,7 +640,7 @@ static int host_host_unregister(spw_backend_t *b, void *ptr) {
 static int host_launch_host_func(spw_backend_t *b, spw_stream_t s, spw_host_fn fn, void *arg) {
   if (!fn) return SPW_ERR_INVALID_ARG;
   host_stream_t *hs = from_handle(s);
-  host_op_t *op;
+  host_op_t *op = NULL;
   int st = op_get(b, hs, &op);
   if (st != SPW_OK) return st;
   op->kind = OP_HOST_FN;

@@ -12,6 +12,7 @@
 
 typedef struct item {
   spw_bevent_t *ev;
+  spw_stream_t stream;
   spw_completion_fn fn;
   void *arg;
   uint64_t seq;
@@ -136,6 +137,7 @@ int spw__after_stream(spw_runtime_t *rt, spw_stream_t bstream, spw_completion_fn
   }
   it->fn = fn;
   it->arg = arg;
+  it->stream = bstream;
   it->next = NULL;
   pthread_mutex_lock(&c->mu);
   it->seq = ++c->submitted;
@@ -161,5 +163,40 @@ void spw__completions_drain(spw_runtime_t *rt) {
     if (!older_pending) break;
     pthread_cond_wait(&c->done_cv, &c->mu);
   }
+  pthread_mutex_unlock(&c->mu);
+}
+
+void spw__completions_flush_stream(spw_runtime_t *rt, spw_stream_t bstream) {
+  spw_completions_t *c = rt->completions;
+  if (!c) return;
+  item_t *mine = NULL;
+  pthread_mutex_lock(&c->mu);
+  /* Items the poller has detached are run by it; wait for that round to end, then take this
+   * stream's items out of the list. */
+  while (c->busy) pthread_cond_wait(&c->done_cv, &c->mu);
+  item_t **link = &c->head, *last = NULL;
+  while (*link) {
+    item_t *it = *link;
+    if (it->stream == bstream) {
+      *link = it->next;
+      it->next = mine;
+      mine = it;
+    } else {
+      last = it;
+      link = &it->next;
+    }
+  }
+  c->tail = last;
+  pthread_mutex_unlock(&c->mu);
+  /* The stream was synchronized after these events were recorded: they are complete. */
+  while (mine) {
+    item_t *n = mine->next;
+    mine->fn(rt, mine->arg);
+    spw__event_put(rt, mine->ev);
+    free(mine);
+    mine = n;
+  }
+  pthread_mutex_lock(&c->mu);
+  pthread_cond_broadcast(&c->done_cv);
   pthread_mutex_unlock(&c->mu);
 }

@@ -19,6 +19,9 @@ void spw__completions_stop(spw_runtime_t *rt);
 /* fn(rt, arg) runs once the work enqueued on bstream so far has completed. On error fn is
  * never called. */
 int spw__after_stream(spw_runtime_t *rt, spw_stream_t bstream, spw_completion_fn fn, void *arg);
+/* Runs now what is pending for `bstream`, which the caller has just synchronized (so its
+ * events are complete): a synchronize releases the locks of an earlier release_async too. */
+void spw__completions_flush_stream(spw_runtime_t *rt, spw_stream_t bstream);
 /* Blocks until everything submitted before the call has run. */
 void spw__completions_drain(spw_runtime_t *rt);
 

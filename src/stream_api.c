@@ -35,6 +35,7 @@ static int sync_and_unlock(spw_runtime_t *rt, spw_stream_entry_t *e) {
     return st;
   }
   unlock_all(rt, list, n);
+  spw__completions_flush_stream(rt, e->bstream);
   return SPW_OK;
 }
 

@@ -176,18 +176,22 @@ typedef struct gate {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   bool open;
+  bool left; /* the host function returned from its wait */
 } gate_t;
 
 static void gate_init(gate_t *g) {
   ASSERT_EQ(pthread_mutex_init(&g->mu, NULL), 0);
   ASSERT_EQ(pthread_cond_init(&g->cv, NULL), 0);
   g->open = false;
+  g->left = false;
 }
 
 static void gate_wait_fn(void *arg) {
   gate_t *g = arg;
   pthread_mutex_lock(&g->mu);
   while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
+  g->left = true;
+  pthread_cond_broadcast(&g->cv);
   pthread_mutex_unlock(&g->mu);
 }
 
@@ -198,7 +202,13 @@ static void gate_open(gate_t *g) {
   pthread_mutex_unlock(&g->mu);
 }
 
+/* Waits for the host function to leave the gate through the gate's own mutex, which CUDA's
+ * completion already implies, but which ThreadSanitizer can see (libcuda is not
+ * instrumented). */
 static void gate_fini(gate_t *g) {
+  pthread_mutex_lock(&g->mu);
+  while (!g->left) pthread_cond_wait(&g->cv, &g->mu);
+  pthread_mutex_unlock(&g->mu);
   pthread_cond_destroy(&g->cv);
   pthread_mutex_destroy(&g->mu);
 }

@@ -231,6 +231,32 @@ static void lock_taken_after_release_async_is_kept(void) {
   gate_fini(&g);
 }
 
+/* Locks handed to release_async are still the stream's until released: a synchronize that
+ * begins before they are released must release them before it returns. */
+static void synchronize_after_release_async_leaves_no_lock(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  void *d = NULL;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 4096, s, &b));
+  for (int round = 0; round < 20; round++) {
+    gate_t g;
+    gate_init(&g);
+    ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+    ASSERT_OK(spw_launch_host_func(rt, s, gate_wait, &g));
+    ASSERT_OK(spw_stream_release_async(rt, s));
+    gate_open(&g);
+    ASSERT_OK(spw_stream_synchronize(rt, s));
+    ASSERT_EQ(locks_of(rt, b), 0);
+    ASSERT_UEQ(stats_of(rt).locked_bytes, 0);
+    ASSERT_TRUE(!gate_timed_out(&g));
+    gate_fini(&g);
+  }
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
 typedef struct writer {
   void *dptr;
   size_t bytes;
@@ -324,6 +350,7 @@ int main(void) {
   RUN(release_async_does_not_block_and_releases_when_work_completes);
   RUN(synchronize_waits_for_a_blocked_stream_then_releases);
   RUN(lock_taken_after_release_async_is_kept);
+  RUN(synchronize_after_release_async_leaves_no_lock);
   RUN(free_of_a_locked_buffer_keeps_memory_until_release);
   RUN(destroy_with_a_locked_buffer_is_busy);
   printf("ok\n");

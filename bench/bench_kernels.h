@@ -1,0 +1,48 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Benchmark-private header, never installed: the data pattern every benchmark writes and
+ * checks, and the launchers of the two CUDA kernels of bench_kernels.cu (fill a buffer with
+ * the pattern; add a constant to every u32 word, the "light kernel" of oversubscribe).
+ *
+ * The pattern is a function of (seed, word index) only, so a sample of any buffer can be
+ * checked without keeping a copy; it is computed identically on host and device (the
+ * function is shared through this header). The launchers exist only in builds with CUDA
+ * (SPW_BENCH_HAVE_CUDA); they return the cudaError_t of the launch as an int (0 = success),
+ * enqueue on `stream` (a cudaStream_t) and never synchronize.
+ */
+#ifndef SPILLWAY_BENCH_KERNELS_H
+#define SPILLWAY_BENCH_KERNELS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __CUDACC__
+#define BENCH_HD __host__ __device__
+#else
+#define BENCH_HD
+#endif
+
+/* Word `i` of a buffer filled with `seed`. Mixed so that a shifted, truncated or swapped
+ * copy does not pass for the right one. */
+static inline BENCH_HD uint32_t bench_pattern(uint32_t seed, uint64_t i) {
+  uint32_t x = seed * 0x9E3779B1u + (uint32_t)i * 0x85EBCA77u + (uint32_t)(i >> 32);
+  x ^= x >> 15;
+  x *= 0x2C1B3C6Du;
+  return x ^ (x >> 12);
+}
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#ifdef SPW_BENCH_HAVE_CUDA
+/* Writes bench_pattern(seed, i) into word i of the `words` u32 words at `dptr`. */
+int bench_cuda_fill_u32(void *dptr, size_t words, uint32_t seed, void *stream);
+/* Adds `add` to each of the `words` u32 words at `dptr`. */
+int bench_cuda_add_u32(void *dptr, size_t words, uint32_t add, void *stream);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* SPILLWAY_BENCH_KERNELS_H */

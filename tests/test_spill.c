@@ -1,0 +1,485 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Behaviour tests of explicit spilling (public API only): contents survive spill / unspill
+ * cycles at any size, a locked buffer refuses to move, an acquire of a spilled buffer is
+ * stream-ordered behind its copy back, a read-only acquire keeps a clean host copy (the next
+ * spill moves no bytes) until a writable one drops it, an acquire during a spill abandons
+ * it, prefetch brings a buffer back, and the statistics move as spillway.h documents.
+ *
+ * Device memory is touched only through spw_memcpy_async + spw_stream_synchronize, so
+ * every test is valid on both backends. Expected contents come from test_fill; a readback
+ * is compared with memcmp (fast under sanitizers) and test_first_mismatch names the first
+ * bad byte. Sizes are drawn from a seeded generator: SPW_TEST_SEED=n replays a run. */
+#include <stddef.h>
+#include <stdint.h>
+#include <time.h>
+
+#include "test_util.h"
+
+#define MIB ((size_t)1 << 20)
+
+#define RUN(test)                                                                            \
+  do {                                                                                       \
+    printf("%s\n", #test);                                                                   \
+    fflush(stdout);                                                                          \
+    test();                                                                                  \
+  } while (0)
+
+/* Byte loops run ~10x slower under ThreadSanitizer: the host backend's budget shrinks with
+ * it so that each test stays within seconds. */
+#if defined(__SANITIZE_THREAD__)
+#define HOST_MAX_BYTES (2 * MIB)
+#elif defined(__SANITIZE_ADDRESS__)
+#define HOST_MAX_BYTES (8 * MIB)
+#else
+#define HOST_MAX_BYTES (16 * MIB)
+#endif
+
+static uint64_t rng_state;
+
+static uint64_t rng_next(void) {
+  /* splitmix64: small, and good enough to spread sizes. */
+  uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* Log-uniform in [1, max]: small and large sizes are equally likely per octave. */
+static size_t random_size(size_t max) {
+  unsigned bits = 0;
+  while (((size_t)1 << (bits + 1)) <= max) bits++;
+  size_t hi = (size_t)1 << (rng_next() % (bits + 1));
+  size_t n = hi + (size_t)(rng_next() % hi);
+  return n > max ? max : n;
+}
+
+static spw_stats_t stats_of(spw_runtime_t *rt) {
+  spw_stats_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  ASSERT_OK(spw_get_stats(rt, &st));
+  return st;
+}
+
+static spw_state_t state_of(spw_runtime_t *rt, spw_buf_t b) {
+  spw_state_t s = (spw_state_t)0;
+  ASSERT_OK(spw_buf_state(rt, b, &s));
+  return s;
+}
+
+/* Writes `n` bytes of `src` into the buffer (writable acquire) and releases it. */
+static void upload(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, const void *src, size_t n) {
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  ASSERT_OK(spw_memcpy_async(rt, d, src, n, s));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+}
+
+/* Reads the buffer back (acquire with `flags`) and requires it to equal test_fill(seed). */
+static void expect_contents(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, unsigned flags,
+                            const void *expected, size_t n, uint64_t seed) {
+  uint8_t *got = malloc(n);
+  ASSERT_TRUE(got != NULL);
+  memset(got, 0xA5 ^ (int)(seed & 0xFF), n);
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, flags, &d));
+  ASSERT_OK(spw_memcpy_async(rt, got, d, n, s));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  if (memcmp(got, expected, n) != 0) {
+    fprintf(stderr, "buffer of %zu bytes, seed %" PRIu64 ": first bad byte at %zu\n", n, seed,
+            test_first_mismatch(got, n, seed));
+    ASSERT_TRUE(!"contents differ from the pattern written");
+  }
+  free(got);
+}
+
+static uint8_t *pattern(size_t n, uint64_t seed) {
+  uint8_t *p = malloc(n);
+  ASSERT_TRUE(p != NULL);
+  test_fill(p, n, seed);
+  return p;
+}
+
+static void spill_and_wait(spw_runtime_t *rt, spw_buf_t b) {
+  ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
+}
+
+static void contents_survive_spill_unspill_cycles(void) {
+  const size_t max = test_backend() == SPW_BACKEND_CUDA ? 64 * MIB : HOST_MAX_BYTES;
+  const int cycles = 3;
+  /* Edge sizes around the 4 KiB host extent granule and the largest size, then random ones. */
+  size_t sizes[16] = {1, 7, 4095, 4096, 4097, 65537, max};
+  size_t nsizes = 7;
+  while (nsizes < sizeof sizes / sizeof sizes[0]) sizes[nsizes++] = random_size(max);
+
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  for (size_t i = 0; i < nsizes; i++) {
+    const size_t n = sizes[i];
+    spw_buf_t b;
+    ASSERT_OK(spw_alloc(rt, n, s, &b));
+    uint64_t seed = i * 100;
+    uint8_t *want = pattern(n, seed);
+    upload(rt, b, s, want, n);
+    for (int c = 0; c < cycles; c++) {
+      spill_and_wait(rt, b);
+      expect_contents(rt, b, s, 0, want, n, seed);
+      ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT);
+      /* A new pattern every cycle: a stale host copy from an earlier cycle would show. */
+      free(want);
+      seed++;
+      want = pattern(n, seed);
+      upload(rt, b, s, want, n);
+    }
+    spill_and_wait(rt, b);
+    expect_contents(rt, b, s, 0, want, n, seed);
+    free(want);
+    ASSERT_OK(spw_free(rt, b));
+  }
+  spw_stats_t st = stats_of(rt);
+  ASSERT_UEQ(st.host_bytes, 0);
+  ASSERT_UEQ(st.device_bytes, 0);
+  ASSERT_UEQ(st.buffers, 0);
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void spill_of_locked_buffer_is_refused(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  void *d = NULL;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 8192, s, &b));
+  uint8_t *want = pattern(8192, 1);
+  upload(rt, b, s, want, 8192);
+  ASSERT_OK(spw_acquire(rt, b, s, SPW_ACQUIRE_READ, &d));
+  ASSERT_STATUS(spw_spill(rt, b, SPW_TIER_HOST), SPW_ERR_LOCKED);
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT);
+  ASSERT_UEQ(stats_of(rt).spills, 0);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  /* Unlocked, the same request goes through. */
+  spill_and_wait(rt, b);
+  expect_contents(rt, b, s, 0, want, 8192, 1);
+  free(want);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void acquire_of_host_buffer_is_right_after_stream_sync(void) {
+  const size_t n = 3 * MIB + 5;
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s1, s2;
+  spw_buf_t b;
+  ASSERT_OK(spw_stream_create(rt, &s1));
+  ASSERT_OK(spw_stream_create(rt, &s2));
+  ASSERT_OK(spw_alloc(rt, n, s1, &b));
+  uint8_t *want = pattern(n, 2);
+  upload(rt, b, s1, want, n);
+  spill_and_wait(rt, b);
+  /* The acquire only enqueues the copy back; the stream's next copy must run after it. */
+  uint8_t *got = malloc(n);
+  ASSERT_TRUE(got != NULL);
+  memset(got, 0, n);
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s2, 0, &d));
+  ASSERT_TRUE(d != NULL);
+  ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT);
+  ASSERT_OK(spw_memcpy_async(rt, got, d, n, s2));
+  ASSERT_OK(spw_stream_synchronize(rt, s2));
+  ASSERT_UEQ(test_first_mismatch(got, n, 2), (size_t)-1);
+  free(got);
+  free(want);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void second_stream_waits_for_copy_back_too(void) {
+  /* Stream 1 brings the buffer back; stream 2 acquires it at once, while the copy may
+   * still be in flight, and must see the whole contents all the same. */
+  const size_t n = 4 * MIB - 3;
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s1, s2;
+  spw_buf_t b;
+  ASSERT_OK(spw_stream_create(rt, &s1));
+  ASSERT_OK(spw_stream_create(rt, &s2));
+  ASSERT_OK(spw_alloc(rt, n, s1, &b));
+  uint8_t *want = pattern(n, 3);
+  upload(rt, b, s1, want, n);
+  uint8_t *got = malloc(n);
+  ASSERT_TRUE(got != NULL);
+  for (int round = 0; round < 4; round++) {
+    spill_and_wait(rt, b);
+    void *d1 = NULL, *d2 = NULL;
+    memset(got, 0, n);
+    ASSERT_OK(spw_acquire(rt, b, s1, SPW_ACQUIRE_READ, &d1));
+    ASSERT_OK(spw_acquire(rt, b, s2, SPW_ACQUIRE_READ, &d2));
+    ASSERT_PTR_EQ(d1, d2);
+    ASSERT_OK(spw_memcpy_async(rt, got, d2, n, s2));
+    ASSERT_OK(spw_stream_synchronize(rt, s2));
+    ASSERT_UEQ(test_first_mismatch(got, n, 3), (size_t)-1);
+    ASSERT_OK(spw_stream_synchronize(rt, s1));
+  }
+  free(got);
+  free(want);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void read_only_acquire_makes_next_spill_clean(void) {
+  const size_t n = 1 * MIB + 17;
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, n, s, &b));
+  uint8_t *want = pattern(n, 4);
+  upload(rt, b, s, want, n);
+  spill_and_wait(rt, b);
+  expect_contents(rt, b, s, SPW_ACQUIRE_READ, want, n, 4);
+
+  const spw_stats_t before = stats_of(rt);
+  spill_and_wait(rt, b);
+  const spw_stats_t after = stats_of(rt);
+  ASSERT_UEQ(after.spills, before.spills + 1);
+  ASSERT_UEQ(after.clean_respills, before.clean_respills + 1);
+  ASSERT_UEQ(after.spill_bytes, before.spill_bytes);
+  ASSERT_UEQ(after.host_bytes, n);
+  ASSERT_UEQ(after.device_bytes, 0);
+  /* The kept copy is the real contents, not just a claim. */
+  expect_contents(rt, b, s, 0, want, n, 4);
+  free(want);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void writable_acquire_makes_next_spill_move_bytes(void) {
+  const size_t n = 1 * MIB + 17;
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, n, s, &b));
+  uint8_t *first = pattern(n, 5);
+  upload(rt, b, s, first, n);
+  spill_and_wait(rt, b);
+  expect_contents(rt, b, s, SPW_ACQUIRE_READ, first, n, 5);
+  /* A writable acquire after the read-only one: the kept host copy is stale from here. */
+  uint8_t *second = pattern(n, 6);
+  upload(rt, b, s, second, n);
+
+  const spw_stats_t before = stats_of(rt);
+  spill_and_wait(rt, b);
+  const spw_stats_t after = stats_of(rt);
+  ASSERT_UEQ(after.spills, before.spills + 1);
+  ASSERT_UEQ(after.clean_respills, before.clean_respills);
+  ASSERT_UEQ(after.spill_bytes, before.spill_bytes + n);
+  expect_contents(rt, b, s, 0, second, n, 6);
+  free(first);
+  free(second);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void acquire_during_spill_abandons_it(void) {
+  /* Whether the acquire lands while the copy is running (abandoned) or after it committed
+   * (a real spill, then an unspill) depends on timing; either is right, each attempt must
+   * end as exactly one of them, and the data must be intact either way. The test waits
+   * until the engine has claimed the buffer: an acquire before that makes the request moot
+   * (the engine then finds the buffer locked and leaves it), which is neither outcome. */
+  const size_t n = 2 * MIB + 1;
+#if defined(__SANITIZE_THREAD__)
+  const int attempts = 40;
+#else
+  const int attempts = 150;
+#endif
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, n, s, &b));
+  uint8_t *want[2] = {pattern(n, 7), pattern(n, 8)};
+  uint8_t *got = malloc(n);
+  ASSERT_TRUE(got != NULL);
+  upload(rt, b, s, want[0], n);
+  const spw_stats_t before = stats_of(rt);
+  for (int a = 0; a < attempts; a++) {
+    const uint64_t seed = 7 + (uint64_t)(a & 1);
+    ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
+    while (state_of(rt, b) == SPW_STATE_RESIDENT) {
+    }
+    /* Vary how far into the copy the acquire lands. */
+    for (uint64_t spin = rng_next() % 20000; spin > 0; spin--) __asm__ volatile("" ::: "memory");
+    void *d = NULL;
+    ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+    ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT);
+    memset(got, 0, n);
+    ASSERT_OK(spw_memcpy_async(rt, got, d, n, s));
+    /* Overwrite with the other pattern so that a host copy of this attempt going stale
+     * unnoticed would show in the next one. */
+    ASSERT_OK(spw_memcpy_async(rt, d, want[(a + 1) & 1], n, s));
+    ASSERT_OK(spw_stream_synchronize(rt, s));
+    if (memcmp(got, want[a & 1], n) != 0) {
+      fprintf(stderr, "attempt %d: first bad byte at %zu\n", a, test_first_mismatch(got, n, seed));
+      ASSERT_TRUE(!"contents wrong after an acquire during a spill");
+    }
+    ASSERT_OK(spw_wait_idle(rt));
+  }
+  const spw_stats_t after = stats_of(rt);
+  const uint64_t abandoned = after.spills_abandoned - before.spills_abandoned;
+  const uint64_t spilled = after.spills - before.spills;
+  printf("  %d attempts: %" PRIu64 " abandoned, %" PRIu64 " spilled\n", attempts, abandoned,
+         spilled);
+  ASSERT_UEQ(abandoned + spilled, (uint64_t)attempts);
+  ASSERT_UEQ(after.failures, before.failures);
+  ASSERT_UEQ(after.host_bytes, 0);
+  expect_contents(rt, b, s, 0, want[attempts & 1], n, 7 + (uint64_t)(attempts & 1));
+  free(got);
+  free(want[0]);
+  free(want[1]);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void prefetch_brings_host_buffer_back(void) {
+  const size_t n = 2 * MIB + 4095;
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, n, s, &b));
+  uint8_t *want = pattern(n, 9);
+  upload(rt, b, s, want, n);
+  spill_and_wait(rt, b);
+  const spw_stats_t before = stats_of(rt);
+  ASSERT_OK(spw_prefetch(rt, b, s));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT);
+  uint32_t locks = 99;
+  ASSERT_OK(spw_buf_lock_count(rt, b, &locks));
+  ASSERT_EQ(locks, 0); /* a prefetch takes no lock */
+  const spw_stats_t mid = stats_of(rt);
+  ASSERT_UEQ(mid.unspills, before.unspills + 1);
+  ASSERT_UEQ(mid.device_bytes, n);
+  /* The acquire finds it resident: no second copy back. */
+  expect_contents(rt, b, s, 0, want, n, 9);
+  ASSERT_UEQ(stats_of(rt).unspills, mid.unspills);
+  free(want);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void stats_move_as_documented(void) {
+  const size_t na = 1 * MIB + 100, nb = 300000;
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t a, b;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  uint64_t limit = 0;
+  ASSERT_OK(spw_runtime_limits(rt, &limit, NULL, NULL));
+
+  spw_stats_t st = stats_of(rt);
+  ASSERT_UEQ(st.struct_size, sizeof st);
+  ASSERT_UEQ(st.buffers, 0);
+  ASSERT_UEQ(st.device_bytes, 0);
+  ASSERT_UEQ(st.device_limit, limit);
+  ASSERT_UEQ(st.spills, 0);
+  ASSERT_UEQ(st.unspills, 0);
+  ASSERT_UEQ(st.failures, 0);
+
+  ASSERT_OK(spw_alloc(rt, na, s, &a));
+  ASSERT_OK(spw_alloc(rt, nb, s, &b));
+  st = stats_of(rt);
+  ASSERT_UEQ(st.buffers, 2);
+  ASSERT_UEQ(st.device_bytes, na + nb);
+  ASSERT_UEQ(st.host_bytes, 0);
+  ASSERT_UEQ(st.locked_bytes, 0);
+
+  uint8_t *want = pattern(na, 10);
+  upload(rt, a, s, want, na);
+  spill_and_wait(rt, a);
+  st = stats_of(rt);
+  ASSERT_UEQ(st.device_bytes, nb);
+  ASSERT_UEQ(st.host_bytes, na);
+  ASSERT_GE(st.host_pinned_bytes, na);
+  ASSERT_UEQ(st.spills, 1);
+  ASSERT_UEQ(st.spill_bytes, na);
+  ASSERT_UEQ(st.spills_on_demand, 0); /* it was asked for, not forced */
+  ASSERT_UEQ(st.spills_background, 0);
+  ASSERT_UEQ(st.disk_bytes, 0);
+
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, a, s, 0, &d));
+  st = stats_of(rt);
+  ASSERT_UEQ(st.unspills, 1);
+  ASSERT_UEQ(st.unspill_bytes, na);
+  ASSERT_UEQ(st.host_bytes, 0);
+  ASSERT_UEQ(st.device_bytes, na + nb);
+  ASSERT_UEQ(st.locked_bytes, na);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_UEQ(stats_of(rt).locked_bytes, 0);
+
+  ASSERT_OK(spw_free(rt, a));
+  st = stats_of(rt);
+  ASSERT_UEQ(st.buffers, 1);
+  ASSERT_UEQ(st.device_bytes, nb);
+  ASSERT_OK(spw_free(rt, b));
+  st = stats_of(rt);
+  ASSERT_UEQ(st.buffers, 0);
+  ASSERT_UEQ(st.device_bytes, 0);
+  /* Cumulative counters stay. */
+  ASSERT_UEQ(st.spills, 1);
+  ASSERT_UEQ(st.unspills, 1);
+  ASSERT_UEQ(st.failures, 0);
+
+  /* A caller built against an older, shorter struct gets only the fields it knows. */
+  spw_stats_t small;
+  memset(&small, 0xEE, sizeof small);
+  small.struct_size = offsetof(spw_stats_t, device_bytes);
+  ASSERT_OK(spw_get_stats(rt, &small));
+  ASSERT_UEQ(small.buffers, 0);
+  ASSERT_UEQ(small.device_bytes, 0xEEEEEEEEEEEEEEEEull);
+  free(want);
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void stats_summary_is_not_empty(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 4096, s, &b));
+  char line[512];
+  memset(line, 'x', sizeof line);
+  ASSERT_OK(spw_stats_summary(rt, line, sizeof line));
+  ASSERT_TRUE(memchr(line, '\0', sizeof line) != NULL);
+  ASSERT_GT(strlen(line), 0);
+  printf("  %s\n", line);
+  /* Too small a buffer still gets a terminated (truncated) line. */
+  char tiny[8];
+  memset(tiny, 'x', sizeof tiny);
+  ASSERT_OK(spw_stats_summary(rt, tiny, sizeof tiny));
+  ASSERT_EQ(strlen(tiny), sizeof tiny - 1);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+int main(void) {
+  const char *env = getenv("SPW_TEST_SEED");
+  rng_state = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
+  printf("SPW_TEST_SEED=%" PRIu64 "\n", rng_state);
+  RUN(contents_survive_spill_unspill_cycles);
+  RUN(spill_of_locked_buffer_is_refused);
+  RUN(acquire_of_host_buffer_is_right_after_stream_sync);
+  RUN(second_stream_waits_for_copy_back_too);
+  RUN(read_only_acquire_makes_next_spill_clean);
+  RUN(writable_acquire_makes_next_spill_move_bytes);
+  RUN(acquire_during_spill_abandons_it);
+  RUN(prefetch_brings_host_buffer_back);
+  RUN(stats_move_as_documented);
+  RUN(stats_summary_is_not_empty);
+  return 0;
+}
