@@ -176,7 +176,7 @@ int spw__spill_to_disk(spw_runtime_t *rt, spw_victim_t *v) {
   }
   s->disk = de;
   if (w & SPW_W_CLEAN) spw__arena_free(rt->arena, &s->host);
-  rt->ops->free_async(rt->be, s->dptr, spw__engine_d2h(rt));
+  spw__dpool_free(rt, s->dptr, v->size, spw__engine_d2h(rt));
   s->dptr = NULL;
   atomic_store(&s->word, spw__w_with_state(w & ~(SPW_W_WAIT | SPW_W_CLEAN), SPW_STATE_DISK));
   pthread_mutex_unlock(&s->mu);

@@ -144,6 +144,12 @@ void spw__disk_free(spw_runtime_t *rt, spw_disk_extent_t *e) {
   *e = (spw_disk_extent_t){0};
 }
 
+void spw__disk_inject_fault(spw_runtime_t *rt, int status, unsigned count) {
+  /* rt->disk is set once under disk_mu and never changes until destruction, and
+   * spw__disk_open took that mutex, so reading it here is ordered after the store. */
+  if (spw__disk_open(rt) == SPW_OK) spw__io_inject_fault(rt->disk->io, status, count);
+}
+
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
 int spw__disk_write_host(spw_runtime_t *rt, const void *host_src, size_t bytes,

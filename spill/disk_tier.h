@@ -34,4 +34,8 @@ int spw__disk_read_device(spw_runtime_t *rt, const spw_disk_extent_t *src, void 
                           size_t bytes);
 void spw__disk_free(spw_runtime_t *rt, spw_disk_extent_t *e);
 
+/* Test hook: opens the tier if needed, then makes its next `count` transfers fail with
+ * `status` (see spw__io_inject_fault). Does nothing if the tier cannot be opened. */
+void spw__disk_inject_fault(spw_runtime_t *rt, int status, unsigned count);
+
 #endif /* SPILLWAY_SPILL_DISK_TIER_H */

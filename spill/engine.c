@@ -11,11 +11,14 @@
 
 typedef enum { JOB_SPILL, JOB_PREFETCH } job_kind_t;
 
+/* One request: a single buffer (stored in `one`) or many (spw_spill_n / spw_prefetch_n). */
 typedef struct job {
   job_kind_t kind;
-  spw_buf_t h;
   spw_tier_t tier;
   spw_stream_t bstream;
+  size_t n;
+  spw_buf_t *hs; /* points at `one` for a single buffer */
+  spw_buf_t one;
   struct job *next;
 } job_t;
 
@@ -32,10 +35,38 @@ struct spw_engine {
 spw_stream_t spw__engine_d2h(spw_runtime_t *rt) { return rt->engine->d2h; }
 spw_stream_t spw__engine_h2d(spw_runtime_t *rt) { return rt->engine->h2d; }
 
+/* One buffer of a spill request: demotions and direct disk spills run at once, host spills
+ * are claimed into the batch. */
+static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victim_t *v, size_t *nv) {
+  spw_slot_t *s;
+  uint64_t w;
+  if (spw__handles_lookup(&rt->handles, h, &s, &w) != SPW_OK) return;
+  uint32_t state = spw__w_state(w);
+  if (state == SPW_STATE_HOST && tier == SPW_TIER_DISK) {
+    int st = spw__demote(rt, h);
+    if (st != SPW_OK && st != SPW_ERR_BUSY && st != SPW_ERR_FREED) spw__set_async_error(rt, st);
+    return;
+  }
+  if (state != SPW_STATE_RESIDENT) return; /* moved meanwhile: nothing to do */
+  spw_victim_t one;
+  if (!spw__victim_claim(rt, h, s, &one)) {
+    /* Locked again since the request: report it, the buffer stays resident. */
+    spw_state_event_t ev = {h, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, 0, SPW_ERR_LOCKED};
+    spw__notify_state(rt, &ev);
+    return;
+  }
+  if (tier == SPW_TIER_DISK) {
+    int st = spw__spill_to_disk(rt, &one);
+    if (st != SPW_OK && st != SPW_ERR_BUSY) spw__set_async_error(rt, st);
+  } else {
+    v[(*nv)++] = one;
+  }
+}
+
 static void run_spills(spw_runtime_t *rt, job_t *jobs) {
   size_t n = 0;
   for (job_t *j = jobs; j; j = j->next)
-    if (j->kind == JOB_SPILL) n++;
+    if (j->kind == JOB_SPILL) n += j->n;
   if (n == 0) return;
   spw_victim_t *v = malloc(n * sizeof *v);
   if (!v) {
@@ -43,56 +74,45 @@ static void run_spills(spw_runtime_t *rt, job_t *jobs) {
     return;
   }
   size_t nv = 0;
-  for (job_t *j = jobs; j; j = j->next) {
-    if (j->kind != JOB_SPILL) continue;
-    spw_slot_t *s;
-    uint64_t w;
-    if (spw__handles_lookup(&rt->handles, j->h, &s, &w) != SPW_OK) continue;
-    uint32_t state = spw__w_state(w);
-    if (state == SPW_STATE_HOST && j->tier == SPW_TIER_DISK) {
-      int st = spw__demote(rt, j->h);
-      if (st != SPW_OK && st != SPW_ERR_BUSY && st != SPW_ERR_FREED) spw__set_async_error(rt, st);
-      continue;
-    }
-    if (state != SPW_STATE_RESIDENT) continue; /* moved meanwhile: nothing to do */
-    spw_victim_t one;
-    if (!spw__victim_claim(rt, j->h, s, &one)) {
-      /* Locked again since the request: report it, the buffer stays resident. */
-      spw_state_event_t ev = {j->h, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, 0, SPW_ERR_LOCKED};
-      spw__notify_state(rt, &ev);
-      continue;
-    }
-    if (j->tier == SPW_TIER_DISK) {
-      int st = spw__spill_to_disk(rt, &one);
-      if (st != SPW_OK && st != SPW_ERR_BUSY) spw__set_async_error(rt, st);
-    } else {
-      v[nv++] = one;
-    }
-  }
+  for (job_t *j = jobs; j; j = j->next)
+    if (j->kind == JOB_SPILL)
+      for (size_t i = 0; i < j->n; i++) spill_one(rt, j->hs[i], j->tier, v, &nv);
   if (nv > 0) spw__spill_batch(rt, v, nv, 0);
   free(v);
 }
 
+/* Prefetches: buffers on host go back as one batch; buffers on disk one by one through the
+ * staging pipeline. */
 static void run_prefetches(spw_runtime_t *rt, job_t *jobs) {
   for (job_t *j = jobs; j; j = j->next) {
     if (j->kind != JOB_PREFETCH) continue;
-    spw_slot_t *s;
-    uint64_t w;
-    if (spw__handles_lookup(&rt->handles, j->h, &s, &w) != SPW_OK) continue;
-    spw_state_event_t ev = {0};
-    void *d;
-    int st = SPW_OK;
-    pthread_mutex_lock(&s->mu);
-    w = atomic_load(&s->word);
-    if (spw__w_gen(w) == spw__handle_gen(j->h) && !(w & SPW_W_FREE_PENDING)) {
-      if (spw__w_state(w) == SPW_STATE_DISK)
-        st = spw__unspill_disk(rt, s, j->h, j->bstream, 0, 0, &d, &ev);
-      else if (spw__w_state(w) == SPW_STATE_HOST)
-        st = spw__unspill_host(rt, s, j->h, j->bstream, SPW_ACQUIRE_READ, 0, &d, &ev);
+    spw__unspill_host_batch(rt, j->hs, j->n);
+    for (size_t i = 0; i < j->n; i++) {
+      spw_slot_t *s;
+      uint64_t w;
+      if (spw__handles_lookup(&rt->handles, j->hs[i], &s, &w) != SPW_OK) continue;
+      if (spw__w_state(w) != SPW_STATE_DISK) continue;
+      spw_state_event_t ev = {0};
+      void *d;
+      int st = SPW_OK;
+      pthread_mutex_lock(&s->mu);
+      w = atomic_load(&s->word);
+      if (spw__w_gen(w) == spw__handle_gen(j->hs[i]) && !(w & SPW_W_FREE_PENDING) &&
+          spw__w_state(w) == SPW_STATE_DISK)
+        st = spw__unspill_disk(rt, s, j->hs[i], j->bstream, 0, 0, &d, &ev);
+      pthread_mutex_unlock(&s->mu);
+      if (ev.buf) spw__notify_state(rt, &ev);
+      if (st != SPW_OK && st != SPW_ERR_FREED) spw__set_async_error(rt, st);
     }
-    pthread_mutex_unlock(&s->mu);
-    if (ev.buf) spw__notify_state(rt, &ev);
-    if (st != SPW_OK && st != SPW_ERR_FREED) spw__set_async_error(rt, st);
+  }
+}
+
+static void free_jobs(job_t *jobs) {
+  while (jobs) {
+    job_t *n = jobs->next;
+    if (jobs->hs != &jobs->one) free(jobs->hs);
+    free(jobs);
+    jobs = n;
   }
 }
 
@@ -120,11 +140,7 @@ static void *worker(void *arg) {
 
     run_spills(rt, jobs);
     run_prefetches(rt, jobs);
-    while (jobs) {
-      job_t *n = jobs->next;
-      free(jobs);
-      jobs = n;
-    }
+    free_jobs(jobs);
     run_background(rt);
 
     pthread_mutex_lock(&e->mu);
@@ -190,20 +206,37 @@ static int submit(spw_runtime_t *rt, job_t *j) {
   return SPW_OK;
 }
 
-int spw__engine_submit_spill(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier) {
+/* A job for n handles (copied: the caller's array is not kept). */
+static job_t *new_job(job_kind_t kind, const spw_buf_t *hs, size_t n) {
   job_t *j = calloc(1, sizeof *j);
+  if (!j) return NULL;
+  j->kind = kind;
+  j->n = n;
+  if (n == 1) {
+    j->one = hs[0];
+    j->hs = &j->one;
+    return j;
+  }
+  j->hs = malloc(n * sizeof *j->hs);
+  if (!j->hs) {
+    free(j);
+    return NULL;
+  }
+  for (size_t i = 0; i < n; i++) j->hs[i] = hs[i];
+  return j;
+}
+
+int spw__engine_submit_spill(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_tier_t tier) {
+  job_t *j = new_job(JOB_SPILL, hs, n);
   if (!j) return SPW_ERR_SYSTEM;
-  j->kind = JOB_SPILL;
-  j->h = h;
   j->tier = tier;
   return submit(rt, j);
 }
 
-int spw__engine_submit_prefetch(spw_runtime_t *rt, spw_buf_t h, spw_stream_t bstream) {
-  job_t *j = calloc(1, sizeof *j);
+int spw__engine_submit_prefetch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n,
+                                spw_stream_t bstream) {
+  job_t *j = new_job(JOB_PREFETCH, hs, n);
   if (!j) return SPW_ERR_SYSTEM;
-  j->kind = JOB_PREFETCH;
-  j->h = h;
   j->bstream = bstream;
   return submit(rt, j);
 }

@@ -26,8 +26,10 @@ spw_stream_t spw__engine_d2h(spw_runtime_t *rt);
 spw_stream_t spw__engine_h2d(spw_runtime_t *rt);
 /* Tells the worker that usage passed the high watermark. Cheap; callable anywhere. */
 void spw__engine_kick(spw_runtime_t *rt);
-int spw__engine_submit_spill(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier);
-int spw__engine_submit_prefetch(spw_runtime_t *rt, spw_buf_t h, spw_stream_t bstream);
+/* Queue a spill / prefetch of n buffers (the array is copied). */
+int spw__engine_submit_spill(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_tier_t tier);
+int spw__engine_submit_prefetch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n,
+                                spw_stream_t bstream);
 /* Waits until the queue is empty and the worker idle. */
 void spw__engine_wait_idle(spw_runtime_t *rt);
 
@@ -59,6 +61,11 @@ int spw__unspill_host(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_
                       unsigned flags, uint32_t lock, void **dptr, spw_state_event_t *ev);
 int spw__unspill_disk(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_t bstream,
                       unsigned flags, uint32_t lock, void **dptr, spw_state_event_t *ev);
+
+/* unspill.c: brings the HOST buffers among hs back as one batch (one copy launch, one
+ * event), waits for it, and marks them RESIDENT with their host copy kept as a clean copy.
+ * Buffers not on host are skipped. Returns how many moved. */
+size_t spw__unspill_host_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n);
 
 /* demote.c: writes a HOST buffer to disk (it must be HOST and unlocked; slot->mu not held
  * by the caller). Returns SPW_OK if it moved, else an error (the buffer stays on host). */

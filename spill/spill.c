@@ -56,7 +56,7 @@ static int commit(spw_runtime_t *rt, spw_victim_t *v, spw_stream_t d2h) {
     return 0;
   }
   if (!v->clean) s->host = v->ext;
-  rt->ops->free_async(rt->be, s->dptr, d2h);
+  spw__dpool_free(rt, s->dptr, s->size, d2h); /* the copy has completed */
   s->dptr = NULL;
   atomic_store(&s->word, spw__w_with_state(w & ~(SPW_W_WAIT | SPW_W_CLEAN), SPW_STATE_HOST));
   atomic_fetch_add(&rt->c.host_bytes, v->size);

@@ -7,6 +7,8 @@
  * it. The slot is RESIDENT at once with the WAIT flag: later acquirers on other streams wait
  * on `ready` too until it has been seen complete. The host copy is kept as a clean copy for
  * read-only acquires, else returned once the upload stream has passed the copy. */
+#include <stdlib.h>
+
 #include "disk_tier.h"
 #include "engine.h"
 
@@ -29,7 +31,7 @@ int spw__unspill_host(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_
   if (st == SPW_OK) st = rt->ops->event_record(rt->be, s->ready, h2d);
   if (st == SPW_OK && bstream != h2d) st = rt->ops->stream_wait_event(rt->be, bstream, s->ready);
   if (st != SPW_OK) {
-    rt->ops->free_async(rt->be, d, h2d);
+    spw__dpool_free_after(rt, d, size, h2d);
     spw__budget_unreserve(rt, size);
     atomic_fetch_add(&rt->c.failures, 1);
     return st;
@@ -74,7 +76,7 @@ int spw__unspill_disk(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_
   pthread_mutex_lock(&s->mu);
   w = atomic_load(&s->word);
   if (w & SPW_W_FREE_PENDING) {
-    rt->ops->free_async(rt->be, d, h2d);
+    spw__dpool_free(rt, d, size, h2d);
     spw__budget_unreserve(rt, size);
     spw__buffer_finish_free(rt, s, h); /* unlocks */
     pthread_mutex_lock(&s->mu);        /* the caller unlocks; the slot mutex outlives it */
@@ -82,7 +84,7 @@ int spw__unspill_disk(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_
   }
   if (st != SPW_OK) {
     atomic_store(&s->word, spw__w_with_state(w, SPW_STATE_DISK));
-    rt->ops->free_async(rt->be, d, h2d);
+    spw__dpool_free(rt, d, size, h2d);
     spw__budget_unreserve(rt, size);
     atomic_fetch_add(&rt->c.failures, 1);
     return st;
@@ -101,4 +103,107 @@ int spw__unspill_disk(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_
   (void)flags;
   (void)bstream;
   return SPW_OK;
+}
+
+typedef struct up_item {
+  spw_buf_t h;
+  spw_slot_t *s;
+  size_t size;
+  void *d;
+  int status;
+} up_item_t;
+
+/* Takes a HOST buffer into UNSPILLING for the batch; 0 if it is not (any more) on host. */
+static int claim_host(spw_buf_t h, up_item_t *it) {
+  spw_slot_t *s = it->s;
+  pthread_mutex_lock(&s->mu);
+  uint64_t w = atomic_load(&s->word);
+  int ok = spw__w_gen(w) == spw__handle_gen(h) && !(w & SPW_W_FREE_PENDING) &&
+           spw__w_state(w) == SPW_STATE_HOST;
+  if (ok) {
+    atomic_store(&s->word, spw__w_with_state(w, SPW_STATE_UNSPILLING));
+    it->size = s->size;
+  }
+  pthread_mutex_unlock(&s->mu);
+  return ok;
+}
+
+size_t spw__unspill_host_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n) {
+  uint64_t t0 = spw__now_ns();
+  spw_stream_t h2d = spw__engine_h2d(rt);
+  up_item_t *it = malloc(n * sizeof *it);
+  spw_copy_desc_t *descs = malloc(n * sizeof *descs);
+  if (!it || !descs) {
+    free(it);
+    free(descs);
+    return 0;
+  }
+  size_t k = 0, nd = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t w;
+    it[k] = (up_item_t){.h = hs[i]};
+    if (spw__handles_lookup(&rt->handles, hs[i], &it[k].s, &w) != SPW_OK) continue;
+    if (claim_host(hs[i], &it[k])) k++;
+  }
+  /* Room and memory for each; what does not fit goes back to HOST untouched. */
+  for (size_t i = 0; i < k; i++) {
+    it[i].status = spw__budget_reserve(rt, it[i].size);
+    if (it[i].status != SPW_OK) continue;
+    it[i].status = spw__device_alloc(rt, it[i].size, h2d, &it[i].d);
+    if (it[i].status != SPW_OK) {
+      spw__budget_unreserve(rt, it[i].size);
+      continue;
+    }
+    /* The host extent is stable: the slot is UNSPILLING and only this thread moves it. */
+    descs[nd++] = (spw_copy_desc_t){it[i].d, it[i].s->host.ptr, it[i].size};
+  }
+  int st = SPW_OK;
+  if (nd > 0) {
+    spw_bevent_t *ev = NULL;
+    st = rt->ops->copy_batch_async(rt->be, descs, nd, SPW_COPY_H2D, h2d);
+    if (st == SPW_OK) st = spw__event_get(rt, &ev);
+    if (st == SPW_OK) st = rt->ops->event_record(rt->be, ev, h2d);
+    if (st == SPW_OK) st = rt->ops->event_sync(rt->be, ev);
+    if (ev) spw__event_put(rt, ev);
+  }
+  free(descs);
+  uint64_t dt = spw__now_ns() - t0, moved_bytes = 0;
+  size_t moved = 0;
+  for (size_t i = 0; i < k; i++) {
+    spw_slot_t *s = it[i].s;
+    if (it[i].status == SPW_OK && st != SPW_OK) it[i].status = st;
+    pthread_mutex_lock(&s->mu);
+    uint64_t w = atomic_load(&s->word);
+    if (it[i].status != SPW_OK || (w & SPW_W_FREE_PENDING)) {
+      if (it[i].d) {
+        spw__dpool_free(rt, it[i].d, it[i].size, h2d); /* the batch has completed or failed */
+        spw__budget_unreserve(rt, it[i].size);
+      }
+      atomic_store(&s->word, spw__w_with_state(w, SPW_STATE_HOST));
+      if (w & SPW_W_FREE_PENDING) spw__buffer_finish_free(rt, s, it[i].h); /* unlocks */
+      else pthread_mutex_unlock(&s->mu);
+      if (it[i].status != SPW_OK) atomic_fetch_add(&rt->c.failures, 1);
+      continue;
+    }
+    /* The copy has landed: resident with no WAIT, and the host copy kept as a clean copy. */
+    s->dptr = it[i].d;
+    atomic_store(&s->word, spw__w_make(spw__w_gen(w), SPW_STATE_RESIDENT, SPW_W_CLEAN, 0));
+    atomic_store_explicit(&s->last_use, spw__coarse_now_ns(), memory_order_relaxed);
+    pthread_mutex_unlock(&s->mu);
+    moved++;
+    moved_bytes += it[i].size;
+  }
+  atomic_fetch_sub(&rt->c.host_bytes, moved_bytes);
+  atomic_fetch_add(&rt->c.unspills, moved);
+  atomic_fetch_add(&rt->c.unspill_bytes, moved_bytes);
+  atomic_fetch_add(&rt->c.unspill_ns, dt);
+  if (st != SPW_OK) spw__set_async_error(rt, st);
+  for (size_t i = 0; i < k; i++) {
+    if (it[i].status == SPW_OK && it[i].d) {
+      spw_state_event_t ev = {it[i].h, SPW_STATE_HOST, SPW_STATE_RESIDENT, it[i].size, dt, SPW_OK};
+      spw__notify_state(rt, &ev);
+    }
+  }
+  free(it);
+  return moved;
 }

@@ -83,7 +83,7 @@ int spw__budget_reserve(spw_runtime_t *rt, uint64_t bytes) {
 
 int spw__device_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_t bstream, void **out) {
   for (int attempt = 0;; attempt++) {
-    int st = rt->ops->alloc_async(rt->be, bytes, bstream, out);
+    int st = spw__dpool_alloc(rt, bytes, bstream, out);
     if (st != SPW_ERR_OUT_OF_MEMORY) return st;
     /* The device refused although the budget allowed it (fragmentation, another process,
      * cached pool memory, frees still queued on the engine's streams): let the queued frees
@@ -91,6 +91,7 @@ int spw__device_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_t bstream, voi
     rt->ops->stream_sync(rt->be, spw__engine_d2h(rt));
     rt->ops->stream_sync(rt->be, spw__engine_h2d(rt));
     uint64_t started = attempt == 0 ? 0 : spw__spill_lru(rt, bytes, 0);
+    spw__dpool_trim(rt);
     rt->ops->trim(rt->be);
     if (attempt == 0) continue;
     if (started == 0 && attempt >= 2)

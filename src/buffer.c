@@ -28,7 +28,7 @@ int spw_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, spw_buf_t *o
   spw_slot_t *s;
   st = spw__handles_alloc(&rt->handles, &h, &s);
   if (st != SPW_OK) {
-    rt->ops->free_async(rt->be, d, e->bstream);
+    spw__dpool_free(rt, d, bytes, e->bstream);
     spw__budget_unreserve(rt, bytes);
     return st;
   }
@@ -46,8 +46,8 @@ void spw__buffer_finish_free(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h) {
   uint32_t state = spw__w_state(w);
   if (s->dptr) {
     /* An unspill copy may still be landing: free behind it on the upload stream. */
-    spw_stream_t fs = (w & SPW_W_WAIT) ? spw__engine_h2d(rt) : spw__engine_d2h(rt);
-    rt->ops->free_async(rt->be, s->dptr, fs);
+    if (w & SPW_W_WAIT) spw__dpool_free_after(rt, s->dptr, s->size, spw__engine_h2d(rt));
+    else spw__dpool_free(rt, s->dptr, s->size, spw__engine_d2h(rt));
     spw__budget_unreserve(rt, s->size);
     s->dptr = NULL;
   }
@@ -132,8 +132,8 @@ int spw_buf_tier(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t *out) {
   switch (spw__w_state(w)) {
   case SPW_STATE_HOST:
   case SPW_STATE_DEMOTING: *out = SPW_TIER_HOST; break;
-  case SPW_STATE_DISK:
-  case SPW_STATE_UNSPILLING: *out = SPW_TIER_DISK; break;
+  case SPW_STATE_DISK: *out = SPW_TIER_DISK; break;
+  case SPW_STATE_UNSPILLING: *out = s->host.ptr ? SPW_TIER_HOST : SPW_TIER_DISK; break;
   default: *out = SPW_TIER_DEVICE; break;
   }
   return SPW_OK;

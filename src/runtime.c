@@ -215,6 +215,7 @@ int spw_runtime_create(const spw_config_t *config, spw_runtime_t **out) {
     size_t slab = rt->kind == SPW_BACKEND_HOST ? (size_t)64 << 20 : (size_t)256 << 20;
     st = spw__arena_create(rt->ops, rt->be, rt->settings.host_limit, slab, &rt->arena);
   }
+  if (st == SPW_OK) st = spw__dpool_create(rt, &rt->dpool);
   if (st == SPW_OK) st = spw__completions_start(rt);
   if (st == SPW_OK) st = spw__engine_start(rt);
   if (st != SPW_OK) {
@@ -222,6 +223,7 @@ int spw_runtime_create(const spw_config_t *config, spw_runtime_t **out) {
     spw__engine_stop(rt);
     spw__completions_stop(rt);
     if (rt->arena) spw__arena_destroy(rt->arena);
+    spw__dpool_destroy(rt, rt->dpool);
     drop_event_pool(rt);
     rt->ops->destroy(rt->be);
     free_runtime_shell(rt);
@@ -273,12 +275,14 @@ int spw_runtime_destroy(spw_runtime_t *rt) {
     spw_slot_t *s = spw__handles_slot_at(&rt->handles, i);
     uint64_t w = atomic_load(&s->word);
     if (spw__w_state(w) == SPW_SLOT_UNUSED) continue;
-    if (s->dptr) rt->ops->free_async(rt->be, s->dptr, rt->null_bstream);
+    spw__dpool_free(rt, s->dptr, s->size, rt->null_bstream);
     spw__arena_free(rt->arena, &s->host);
     spw__disk_free(rt, &s->disk);
     s->dptr = NULL;
   }
   spw__streams_foreach(&rt->streams, destroy_owned_stream, rt);
+  rt->ops->stream_sync(rt->be, rt->null_bstream);
+  spw__dpool_destroy(rt, rt->dpool);
   rt->ops->stream_sync(rt->be, rt->null_bstream);
   drop_event_pool(rt);
   for (uint32_t i = 0; i < n; i++) {

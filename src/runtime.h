@@ -23,6 +23,7 @@
 #include "../spill/spill_file.h"
 #include "backend.h"
 #include "config.h"
+#include "device_pool.h"
 #include "handle_table.h"
 #include "log.h"
 #include "stream_table.h"
@@ -82,6 +83,7 @@ struct spw_runtime {
   struct spw_disk *disk;
   int disk_status; /* why opening the disk tier failed, once it has (then not retried) */
 
+  struct spw_dpool *dpool;
   spw_engine_t *engine;
   spw_completions_t *completions;
 

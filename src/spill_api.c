@@ -26,7 +26,7 @@ int spw_spill(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t tier) {
   default: /* SPILLING or UNSPILLING: the engine sorts it out when it gets there */
     break;
   }
-  return spw__engine_submit_spill(rt, buf, tier);
+  return spw__engine_submit_spill(rt, &buf, 1, tier);
 }
 
 int spw_prefetch(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream) {
@@ -40,7 +40,7 @@ int spw_prefetch(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream) {
   if (st != SPW_OK) return st;
   if (w & SPW_W_FREE_PENDING) return SPW_ERR_FREED;
   if (spw__w_state(w) == SPW_STATE_DISK || spw__in_callback(rt))
-    return spw__engine_submit_prefetch(rt, buf, e->bstream);
+    return spw__engine_submit_prefetch(rt, &buf, 1, e->bstream);
   if (spw__w_state(w) != SPW_STATE_HOST) return SPW_OK; /* resident, or on its way */
   spw_state_event_t ev = {0};
   void *d;
@@ -54,6 +54,33 @@ int spw_prefetch(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream) {
   pthread_mutex_unlock(&s->mu);
   if (ev.buf) spw__notify_state(rt, &ev);
   return st;
+}
+
+/* Validates every handle of a batch request before anything is queued. */
+static int check_all(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    spw_slot_t *s;
+    uint64_t w;
+    int st = spw__handles_lookup(&rt->handles, bufs[i], &s, &w);
+    if (st != SPW_OK) return st;
+    if (w & SPW_W_FREE_PENDING) return SPW_ERR_FREED;
+  }
+  return SPW_OK;
+}
+
+int spw_spill_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, spw_tier_t tier) {
+  if (!rt || !bufs || n == 0 || (tier != SPW_TIER_HOST && tier != SPW_TIER_DISK))
+    return SPW_ERR_INVALID_ARG;
+  int st = check_all(rt, bufs, n);
+  return st != SPW_OK ? st : spw__engine_submit_spill(rt, bufs, n, tier);
+}
+
+int spw_prefetch_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, spw_stream_t stream) {
+  if (!rt || !bufs || n == 0) return SPW_ERR_INVALID_ARG;
+  spw_stream_entry_t *e;
+  int st = spw__stream_lookup(rt, stream, &e);
+  if (st == SPW_OK) st = check_all(rt, bufs, n);
+  return st != SPW_OK ? st : spw__engine_submit_prefetch(rt, bufs, n, e->bstream);
 }
 
 int spw_wait_idle(spw_runtime_t *rt) {

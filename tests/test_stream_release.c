@@ -292,9 +292,14 @@ static void free_of_a_locked_buffer_keeps_memory_until_release(void) {
    * on the host backend a host func writing it directly, and a copy out to check. */
   writer_t w = {d, BYTES, 2};
   ASSERT_OK(spw_launch_host_func(rt, s, gate_wait, &g));
-  ASSERT_OK(spw_memcpy_async(rt, d, in, BYTES, s));
-  if (kind == SPW_BACKEND_HOST) ASSERT_OK(spw_launch_host_func(rt, s, write_pattern, &w));
-  ASSERT_OK(spw_memcpy_async(rt, out, d, BYTES, s));
+  /* On CUDA a copy from pageable host memory blocks the calling thread until the stream
+   * reaches it, and the stream is held by the gate: the copies run on the host backend only,
+   * the deferred free is checked on both. */
+  if (kind == SPW_BACKEND_HOST) {
+    ASSERT_OK(spw_memcpy_async(rt, d, in, BYTES, s));
+    ASSERT_OK(spw_launch_host_func(rt, s, write_pattern, &w));
+    ASSERT_OK(spw_memcpy_async(rt, out, d, BYTES, s));
+  }
   ASSERT_OK(spw_free(rt, b));
   /* The handle is dead at once... */
   size_t size;
@@ -310,7 +315,7 @@ static void free_of_a_locked_buffer_keeps_memory_until_release(void) {
   gate_open(&g);
   ASSERT_OK(spw_stream_synchronize(rt, s));
   ASSERT_TRUE(!gate_timed_out(&g));
-  ASSERT_EQ(test_first_mismatch(out, BYTES, kind == SPW_BACKEND_HOST ? 2 : 1), (size_t)-1);
+  if (kind == SPW_BACKEND_HOST) ASSERT_EQ(test_first_mismatch(out, BYTES, 2), (size_t)-1);
   const spw_stats_t after = stats_of(rt);
   ASSERT_UEQ(after.device_bytes, before.device_bytes);
   ASSERT_UEQ(after.locked_bytes, 0);

@@ -320,6 +320,18 @@ SPW_API int spw_spill(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t tier);
  * controller callback (from disk, the read then happens on an engine thread). */
 SPW_API int spw_prefetch(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream);
 
+/* spw_spill and spw_prefetch for many buffers in one request: the engine moves them as one
+ * batch (one copy launch for all the small ones), which is what makes spilling tens of
+ * thousands of small buffers run at the link's speed. The handles are all validated first
+ * (an invalid one fails the call and nothing is queued). A buffer that is locked, or moved
+ * elsewhere, by the time the engine reaches it is skipped (spw_spill_n reports it through
+ * the controller with status SPW_ERR_LOCKED). spw_prefetch_n marks a buffer resident only
+ * once its copy has completed, so work on any stream may use it afterwards; like
+ * spw_prefetch it keeps the host copy as a clean copy. Completion: spw_wait_idle. */
+SPW_API int spw_spill_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, spw_tier_t tier);
+SPW_API int spw_prefetch_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
+                           spw_stream_t stream);
+
 /* Blocks until every spill, demotion and prefetch queued so far has completed. Returns the
  * first asynchronous error since the last call (and clears it), else SPW_OK.
  * SPW_ERR_WOULD_DEADLOCK from inside a controller callback. */

@@ -1,0 +1,219 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Device memory for buffers: small ones from slabs, large ones from the backend.
+ *
+ * Spilling and bringing back tens of thousands of small buffers would otherwise pay one
+ * cudaMallocAsync / cudaFreeAsync each (about a microsecond), which caps 4 KiB buffers at a
+ * few GB/s however fast the copies are. Buffers under SPW_DPOOL_SMALL come from slabs of
+ * SPW_DPOOL_SLAB bytes cut into blocks of one power-of-two size class; a block costs a
+ * push or pop on its class's free list.
+ *
+ * Stream order: a slab is allocated on the null stream and synchronized once, so its blocks
+ * are usable from any stream. A block goes back to its free list only when no work can
+ * still touch it: callers free at once when the work is known complete, or through
+ * spw__dpool_free_after behind the stream that may still use it. Entirely free slabs are
+ * returned by spw__dpool_trim (called when the device refuses an allocation). */
+#include "device_pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include "completions.h"
+#include "runtime.h"
+
+#define MIN_SHIFT 8u /* 256 B: cudaMallocAsync's alignment */
+#define NCLASSES 12u /* 256 B .. 512 KiB */
+
+typedef struct slab {
+  uint8_t *base;
+  uint32_t cls;
+  uint32_t free_blocks, blocks;
+} slab_t;
+
+struct spw_dpool {
+  pthread_mutex_t mu; /* one lock: a pop/push is a few instructions */
+  void **free[NCLASSES];
+  size_t nfree[NCLASSES], cap[NCLASSES];
+  slab_t *slabs; /* sorted by base, for block -> slab lookup */
+  size_t nslabs, slab_cap;
+  size_t slab_bytes;
+  uint64_t slab_total;
+};
+
+static uint32_t class_of(size_t bytes) {
+  uint32_t c = 0;
+  while (((size_t)1 << (MIN_SHIFT + c)) < bytes) c++;
+  return c;
+}
+
+int spw__dpool_create(spw_runtime_t *rt, spw_dpool_t **out) {
+  spw_dpool_t *p = calloc(1, sizeof *p);
+  if (!p) return SPW_ERR_SYSTEM;
+  pthread_mutex_init(&p->mu, NULL);
+  /* Slabs are a small fraction of the budget so that the pool never holds much more than
+   * the buffers need. */
+  p->slab_bytes = SPW_DPOOL_SLAB;
+  while (p->slab_bytes > (size_t)2 << 20 && p->slab_bytes * 16 > rt->device_limit) p->slab_bytes /= 2;
+  *out = p;
+  return SPW_OK;
+}
+
+void spw__dpool_destroy(spw_runtime_t *rt, spw_dpool_t *p) {
+  if (!p) return;
+  for (size_t i = 0; i < p->nslabs; i++) rt->ops->free_async(rt->be, p->slabs[i].base, rt->null_bstream);
+  for (uint32_t c = 0; c < NCLASSES; c++) free(p->free[c]);
+  free(p->slabs);
+  pthread_mutex_destroy(&p->mu);
+  free(p);
+}
+
+static slab_t *slab_of(spw_dpool_t *p, const void *ptr) {
+  size_t lo = 0, hi = p->nslabs;
+  const uint8_t *b = ptr;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (p->slabs[mid].base <= b) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo == 0) return NULL;
+  slab_t *s = &p->slabs[lo - 1];
+  return b < s->base + p->slab_bytes ? s : NULL;
+}
+
+static int push_free(spw_dpool_t *p, uint32_t c, void *ptr) {
+  if (p->nfree[c] == p->cap[c]) {
+    size_t cap = p->cap[c] ? p->cap[c] * 2 : 256;
+    void **n = realloc(p->free[c], cap * sizeof *n);
+    if (!n) return SPW_ERR_SYSTEM;
+    p->free[c] = n;
+    p->cap[c] = cap;
+  }
+  p->free[c][p->nfree[c]++] = ptr;
+  return SPW_OK;
+}
+
+/* A new slab for class c; called without p->mu (it synchronizes a stream). */
+static int grow(spw_runtime_t *rt, spw_dpool_t *p, uint32_t c) {
+  void *base;
+  int st = rt->ops->alloc_async(rt->be, p->slab_bytes, rt->null_bstream, &base);
+  if (st == SPW_OK) st = rt->ops->stream_sync(rt->be, rt->null_bstream);
+  if (st != SPW_OK) return st;
+  size_t block = (size_t)1 << (MIN_SHIFT + c);
+  uint32_t blocks = (uint32_t)(p->slab_bytes / block);
+  pthread_mutex_lock(&p->mu);
+  if (p->nslabs == p->slab_cap) {
+    size_t cap = p->slab_cap ? p->slab_cap * 2 : 16;
+    slab_t *n = realloc(p->slabs, cap * sizeof *n);
+    if (!n) {
+      pthread_mutex_unlock(&p->mu);
+      rt->ops->free_async(rt->be, base, rt->null_bstream);
+      return SPW_ERR_SYSTEM;
+    }
+    p->slabs = n;
+    p->slab_cap = cap;
+  }
+  size_t at = 0;
+  while (at < p->nslabs && p->slabs[at].base < (uint8_t *)base) at++;
+  memmove(&p->slabs[at + 1], &p->slabs[at], (p->nslabs - at) * sizeof *p->slabs);
+  p->slabs[at] = (slab_t){base, c, blocks, blocks};
+  p->nslabs++;
+  p->slab_total += p->slab_bytes;
+  for (uint32_t i = blocks; i-- > 0;) {
+    if (push_free(p, c, (uint8_t *)base + (size_t)i * block) != SPW_OK) {
+      /* Blocks not listed are simply never handed out; the slab is still freed at destroy. */
+      p->slabs[at].blocks = p->slabs[at].free_blocks = blocks - i - 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&p->mu);
+  return SPW_OK;
+}
+
+int spw__dpool_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_t bstream, void **out) {
+  spw_dpool_t *p = rt->dpool;
+  if (bytes >= SPW_DPOOL_SMALL) return rt->ops->alloc_async(rt->be, bytes, bstream, out);
+  uint32_t c = class_of(bytes);
+  for (int attempt = 0; attempt < 2; attempt++) {
+    pthread_mutex_lock(&p->mu);
+    if (p->nfree[c] > 0) {
+      void *ptr = p->free[c][--p->nfree[c]];
+      slab_of(p, ptr)->free_blocks--;
+      pthread_mutex_unlock(&p->mu);
+      *out = ptr;
+      return SPW_OK;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (attempt == 0) {
+      int st = grow(rt, p, c);
+      if (st != SPW_OK) return st;
+    }
+  }
+  return SPW_ERR_OUT_OF_MEMORY; /* another thread took the whole new slab: caller retries */
+}
+
+void spw__dpool_free(spw_runtime_t *rt, void *ptr, size_t bytes, spw_stream_t bstream) {
+  if (!ptr) return;
+  spw_dpool_t *p = rt->dpool;
+  if (bytes >= SPW_DPOOL_SMALL) {
+    rt->ops->free_async(rt->be, ptr, bstream);
+    return;
+  }
+  pthread_mutex_lock(&p->mu);
+  slab_t *s = slab_of(p, ptr);
+  if (s && push_free(p, s->cls, ptr) == SPW_OK) s->free_blocks++;
+  pthread_mutex_unlock(&p->mu);
+}
+
+typedef struct deferred {
+  void *ptr;
+  size_t bytes;
+} deferred_t;
+
+static void free_deferred(spw_runtime_t *rt, void *arg) {
+  deferred_t *d = arg;
+  spw__dpool_free(rt, d->ptr, d->bytes, rt->null_bstream);
+  free(d);
+}
+
+void spw__dpool_free_after(spw_runtime_t *rt, void *ptr, size_t bytes, spw_stream_t bstream) {
+  if (!ptr) return;
+  if (bytes >= SPW_DPOOL_SMALL) { /* the backend orders the free on the stream itself */
+    rt->ops->free_async(rt->be, ptr, bstream);
+    return;
+  }
+  deferred_t *d = malloc(sizeof *d);
+  if (d) {
+    d->ptr = ptr;
+    d->bytes = bytes;
+    if (spw__after_stream(rt, bstream, free_deferred, d) == SPW_OK) return;
+    free(d);
+  }
+  rt->ops->stream_sync(rt->be, bstream); /* cannot defer: wait, then free */
+  spw__dpool_free(rt, ptr, bytes, bstream);
+}
+
+uint64_t spw__dpool_trim(spw_runtime_t *rt) {
+  spw_dpool_t *p = rt->dpool;
+  uint64_t released = 0;
+  pthread_mutex_lock(&p->mu);
+  for (size_t i = 0; i < p->nslabs;) {
+    slab_t s = p->slabs[i];
+    if (s.free_blocks != s.blocks) {
+      i++;
+      continue;
+    }
+    /* Drop this slab's blocks from its free list, then the slab. */
+    size_t k = 0;
+    for (size_t j = 0; j < p->nfree[s.cls]; j++) {
+      uint8_t *b = p->free[s.cls][j];
+      if (b < s.base || b >= s.base + p->slab_bytes) p->free[s.cls][k++] = b;
+    }
+    p->nfree[s.cls] = k;
+    memmove(&p->slabs[i], &p->slabs[i + 1], (p->nslabs - i - 1) * sizeof *p->slabs);
+    p->nslabs--;
+    p->slab_total -= p->slab_bytes;
+    rt->ops->free_async(rt->be, s.base, rt->null_bstream);
+    released += p->slab_bytes;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return released;
+}
