@@ -89,30 +89,9 @@ int bench_opt_size(int argc, char **argv, const char *name, uint64_t def, uint64
   return SPW_OK;
 }
 
-int bench_opt_uint(int argc, char **argv, const char *name, uint64_t def, uint64_t *out) {
-  const char *v = opt_value(argc, argv, name);
-  if (!v) {
-    *out = def;
-    return SPW_OK;
-  }
-  char *end = NULL;
-  errno = 0;
-  unsigned long long x = strtoull(v, &end, 10);
-  if (end == v || *end != '\0' || errno != 0 || v[0] == '-')
-    return bad_option(name, v, "a non-negative integer");
-  *out = x;
-  return SPW_OK;
-}
-
-int bench_opt_size_list(int argc, char **argv, const char *name, const uint64_t *def,
-                        size_t ndef, uint64_t *out, size_t *n) {
-  const char *v = opt_value(argc, argv, name);
-  if (!v) {
-    if (ndef > BENCH_MAX_LIST) ndef = BENCH_MAX_LIST;
-    memcpy(out, def, ndef * sizeof *out);
-    *n = ndef;
-    return SPW_OK;
-  }
+/* Splits a comma-separated option into entries parsed by `one`. */
+static int parse_list(const char *name, const char *v, int (*one)(const char *, uint64_t *),
+                      const char *expected, uint64_t *out, size_t *n) {
   char tmp[512];
   if (strlen(v) >= sizeof tmp) return bad_option(name, v, "a shorter list");
   strcpy(tmp, v);
@@ -120,12 +99,53 @@ int bench_opt_size_list(int argc, char **argv, const char *name, const uint64_t 
   char *save = NULL;
   for (char *tok = strtok_r(tmp, ",", &save); tok; tok = strtok_r(NULL, ",", &save)) {
     if (k == BENCH_MAX_LIST) return bad_option(name, v, "at most 32 entries");
-    if (parse_size(tok, &out[k]) != SPW_OK)
-      return bad_option(name, v, "comma-separated sizes such as 4KiB,64KiB,1MiB");
+    if (one(tok, &out[k]) != SPW_OK) return bad_option(name, v, expected);
     k++;
   }
-  if (k == 0) return bad_option(name, v, "at least one size");
+  if (k == 0) return bad_option(name, v, "at least one entry");
   *n = k;
+  return SPW_OK;
+}
+
+static int parse_uint(const char *v, uint64_t *out) {
+  char *end = NULL;
+  errno = 0;
+  unsigned long long x = strtoull(v, &end, 10);
+  if (end == v || *end != '\0' || errno != 0 || v[0] == '-') return SPW_ERR_INVALID_ARG;
+  *out = x;
+  return SPW_OK;
+}
+
+static int list_opt(int argc, char **argv, const char *name, const uint64_t *def, size_t ndef,
+                    int (*one)(const char *, uint64_t *), const char *expected, uint64_t *out,
+                    size_t *n) {
+  const char *v = opt_value(argc, argv, name);
+  if (v) return parse_list(name, v, one, expected, out, n);
+  if (ndef > BENCH_MAX_LIST) ndef = BENCH_MAX_LIST;
+  memcpy(out, def, ndef * sizeof *out);
+  *n = ndef;
+  return SPW_OK;
+}
+
+int bench_opt_size_list(int argc, char **argv, const char *name, const uint64_t *def,
+                        size_t ndef, uint64_t *out, size_t *n) {
+  return list_opt(argc, argv, name, def, ndef, parse_size,
+                  "comma-separated sizes such as 4KiB,64KiB,1MiB", out, n);
+}
+
+int bench_opt_uint_list(int argc, char **argv, const char *name, const uint64_t *def,
+                        size_t ndef, uint64_t *out, size_t *n) {
+  return list_opt(argc, argv, name, def, ndef, parse_uint,
+                  "comma-separated non-negative integers", out, n);
+}
+
+int bench_opt_uint(int argc, char **argv, const char *name, uint64_t def, uint64_t *out) {
+  const char *v = opt_value(argc, argv, name);
+  if (!v) {
+    *out = def;
+    return SPW_OK;
+  }
+  if (parse_uint(v, out) != SPW_OK) return bad_option(name, v, "a non-negative integer");
   return SPW_OK;
 }
 

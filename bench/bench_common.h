@@ -44,6 +44,9 @@ int bench_opt_uint(int argc, char **argv, const char *name, uint64_t def, uint64
 /* A comma-separated list of sizes; `def` is used when the option is absent. */
 int bench_opt_size_list(int argc, char **argv, const char *name, const uint64_t *def,
                         size_t ndef, uint64_t *out, size_t *n);
+/* A comma-separated list of non-negative integers. */
+int bench_opt_uint_list(int argc, char **argv, const char *name, const uint64_t *def,
+                        size_t ndef, uint64_t *out, size_t *n);
 /* A string option (a path); *out points into argv or the environment, or is `def`. */
 void bench_opt_str(int argc, char **argv, const char *name, const char *def, const char **out);
 /* Fails with SPW_ERR_INVALID_ARG, naming it, on an argv entry that is not --NAME=VALUE with

@@ -130,7 +130,7 @@ uint64_t spw__demote_lru(spw_runtime_t *rt, uint64_t bytes) {
   size_t nc = 0;
   for (uint32_t i = 0; i < n; i++) {
     spw_slot_t *s = spw__handles_slot_at(&rt->handles, i);
-    uint64_t w = atomic_load_explicit(&s->word, memory_order_relaxed);
+    uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
     if (spw__w_state(w) != SPW_STATE_HOST || (w & SPW_W_FREE_PENDING)) continue;
     c[nc].last_use = atomic_load_explicit(&s->last_use, memory_order_relaxed);
     c[nc].h = ((uint64_t)rt->handles.tag << 48) | ((uint64_t)spw__w_gen(w) << 24) | i;

@@ -274,15 +274,16 @@ void spw__io_inject_fault(spw_io_t *io, int status, unsigned count) {
 
 /* ---- open / close -------------------------------------------------------------------------- */
 
-/* What callers must align to: 4096, or more where statx says the file needs it. Only
- * enforced for O_DIRECT files, where the kernel would refuse anything less. */
-static size_t file_alignment(int fd, int *direct) {
+/* What callers must align to: 4096, or more where statx says an O_DIRECT file needs it.
+ * Enforced for buffered files too, so that a caller's mistake shows on every file system
+ * and not only on those that take O_DIRECT. */
+static size_t file_alignment(int fd) {
   int fl = fcntl(fd, F_GETFL);
-  *direct = fl >= 0 && (fl & O_DIRECT);
+  int direct = fl >= 0 && (fl & O_DIRECT);
   size_t align = SPW_IO_MIN_ALIGN;
 #ifdef STATX_DIOALIGN
   struct statx sx;
-  if (*direct && statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
+  if (direct && statx(fd, "", AT_EMPTY_PATH, STATX_DIOALIGN, &sx) == 0 &&
       (sx.stx_mask & STATX_DIOALIGN)) {
     uint32_t m = sx.stx_dio_mem_align > sx.stx_dio_offset_align ? sx.stx_dio_mem_align
                                                                : sx.stx_dio_offset_align;
@@ -321,8 +322,7 @@ int spw__io_open(const spw_io_params_t *p, spw_io_t **out) {
     return SPW_ERR_SYSTEM;
   }
   io->fd = p->fd;
-  int direct;
-  io->align = file_alignment(p->fd, &direct);
+  io->align = file_alignment(p->fd);
   io->depth = p->queue_depth ? p->queue_depth : SPW_IO_DEFAULT_DEPTH;
   if (io->depth > SPW_IO_MAX_DEPTH) io->depth = SPW_IO_MAX_DEPTH;
   io->log = p->log;
@@ -342,7 +342,6 @@ int spw__io_open(const spw_io_params_t *p, spw_io_t **out) {
     memcpy(io->fixed_lens, p->fixed_lens, p->n_fixed * sizeof *io->fixed_lens);
     io->n_fixed = p->n_fixed;
   }
-  if (!direct) io->align = SPW_IO_MIN_ALIGN; /* buffered: only the fault granularity */
 
   int st = SPW_ERR_UNSUPPORTED;
   if (p->kind != SPW_IO_POSIX) {

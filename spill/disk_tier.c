@@ -13,7 +13,12 @@
 #include "disk_tier.h"
 #include "engine.h"
 
-#define SPW_DISK_PIPES 2
+/* One pipeline: every pipeline reaps from the one completion list of rt->disk->io, and
+ * completions carry only the slot index, so with two a reaper could take the other
+ * pipeline's completion for its own slot and upload a staging slot whose read had not
+ * landed (seen as stale or foreign pages under concurrent disk reads). Two pipelines need
+ * completions routed to their owner first. */
+#define SPW_DISK_PIPES 1
 #define SPW_DISK_SLOTS 4
 
 typedef struct pipe {

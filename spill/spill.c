@@ -23,6 +23,7 @@ int spw__victim_claim(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_victim_
     v->size = s->size;
     v->seq = s->move_seq;
     v->clean = (w & SPW_W_CLEAN) != 0;
+    v->landing = (w & SPW_W_WAIT) != 0;
     v->ext = (spw_host_extent_t){0};
     v->status = SPW_OK;
     atomic_fetch_add(&rt->spilling_bytes, v->size);
@@ -56,13 +57,15 @@ static int commit(spw_runtime_t *rt, spw_victim_t *v, spw_stream_t d2h) {
     return 0;
   }
   if (!v->clean) s->host = v->ext;
-  spw__dpool_free(rt, s->dptr, s->size, d2h); /* the copy has completed */
+  /* A dirty victim's copy waited for any unspill into it and has completed. A clean victim
+   * moved nothing, so an unspill copy may still be landing in its memory: free behind it. */
+  if (v->clean && v->landing) spw__dpool_free_after(rt, s->dptr, s->size, spw__engine_h2d(rt));
+  else spw__dpool_free(rt, s->dptr, s->size, d2h);
   s->dptr = NULL;
   atomic_store(&s->word, spw__w_with_state(w & ~(SPW_W_WAIT | SPW_W_CLEAN), SPW_STATE_HOST));
   atomic_fetch_add(&rt->c.host_bytes, v->size);
   pthread_mutex_unlock(&s->mu);
-  spw__budget_unreserve(rt, v->size);
-  return 1;
+  return 1; /* the caller gives the device bytes back, once for the whole batch */
 }
 
 size_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, int reason) {
@@ -100,12 +103,13 @@ size_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, int reason
 
   uint64_t dt = spw__now_ns() - t0;
   size_t moved = 0;
-  uint64_t moved_bytes = 0, spilling_done = 0;
+  uint64_t moved_bytes = 0, spilling_done = 0, released = 0;
   for (size_t i = 0; i < n; i++) {
     int ok = commit(rt, &v[i], d2h);
     spilling_done += v[i].size;
     if (ok) {
       moved++;
+      released += v[i].size;
       if (!v[i].clean) moved_bytes += v[i].size;
       else atomic_fetch_add(&rt->c.clean_respills, 1);
     } else if (v[i].status != SPW_ERR_BUSY && v[i].status != SPW_ERR_FREED) {
@@ -113,6 +117,7 @@ size_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, int reason
       if (reason != 1) spw__set_async_error(rt, v[i].status);
     }
   }
+  atomic_fetch_sub(&rt->device_used, released);
   atomic_fetch_sub(&rt->spilling_bytes, spilling_done);
   pthread_mutex_lock(&rt->budget_mu);
   pthread_cond_broadcast(&rt->budget_cv);

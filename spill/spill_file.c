@@ -7,7 +7,7 @@
  *
  * Invariants, all under `mu`:
  *  - `size` is the file size we manage; it is a multiple of `align` and never exceeds
- *    `limit` (when there is one);
+ *    `limit` (when there is one: a limit below the alignment admits nothing);
  *  - the free list is sorted by offset, its extents are aligned, non-empty, lie inside
  *    [0, size), never overlap and never touch (touching neighbours are merged at once);
  *  - every byte of [0, size) is either in exactly one free extent or handed out:
@@ -45,7 +45,8 @@ struct spw_spill_file {
   int direct;
   int no_fallocate; /* the file system has no fallocate: grow with ftruncate (sparse) */
   size_t align;
-  uint64_t limit; /* rounded down to align; 0 = none */
+  int has_limit;
+  uint64_t limit; /* rounded down to align (0 when it is smaller: nothing fits) */
   uint64_t grow_step;
   spw_file_log_fn log;
   void *log_ctx;
@@ -90,7 +91,11 @@ static void defer_log(deferred_log_t *d, int level, const char *fmt, ...) {
   d->level[d->n++] = level;
 }
 
-static void flush_log(const spw_spill_file_t *f, const deferred_log_t *d);
+static void flush_log(const spw_spill_file_t *f, const deferred_log_t *d) {
+  for (int i = 0; i < d->n; i++)
+    if (f->log) f->log(f->log_ctx, d->level[i], d->text[i]);
+}
+
 
 static const char *errno_name(int e) {
   const char *n = strerrorname_np(e);
@@ -152,6 +157,7 @@ static int open_anonymous(const char *dir, int *direct, int *named, int *direct_
    * is switched on afterwards so a refusal cannot leave the name behind. */
   *named = 1;
   char path[4096 + 64];
+  if (strlen(dir) > 4096) return -ENAMETOOLONG; /* a cut name could land outside dir */
   for (int tries = 0; tries < 16; tries++) {
     random_name(path, sizeof path, dir);
     fd = open(path, O_CREAT | O_EXCL | O_RDWR | O_CLOEXEC, 0600);
@@ -239,11 +245,11 @@ int spw__spill_file_open(const char *dir, uint64_t limit, uint64_t grow_step,
   }
   f->fd = fd;
   f->direct = direct;
-  f->align = probe_alignment(fd);
+  f->align = direct ? probe_alignment(fd) : SPW_FILE_MIN_ALIGN;
   f->log = log;
   f->log_ctx = log_ctx;
-  f->limit = limit ? limit / f->align * f->align : 0;
-  if (limit && f->limit == 0) f->limit = f->align; /* not zero: zero would mean no limit */
+  f->has_limit = limit != 0;
+  f->limit = limit / f->align * f->align;
   uint64_t step = grow_step ? grow_step : SPW_FILE_DEFAULT_STEP;
   if (step > SPW_FILE_MAX_BYTES / 2) step = SPW_FILE_MAX_BYTES / 2;
   f->grow_step = (step + f->align - 1) / f->align * f->align;
@@ -340,11 +346,6 @@ static uint64_t free_take(spw_spill_file_t *f, size_t i, uint64_t bytes) {
 
 /* ---- space reservation ----------------------------------------------------------------- */
 
-static void flush_log(const spw_spill_file_t *f, const deferred_log_t *d) {
-  for (int i = 0; i < d->n; i++)
-    if (f->log) f->log(f->log_ctx, d->level[i], d->text[i]);
-}
-
 static int punch(spw_spill_file_t *f, uint64_t off, uint64_t len) {
   int r;
   do r = fallocate(f->fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)off, (off_t)len);
@@ -392,7 +393,7 @@ static int grow_for(spw_spill_file_t *f, uint64_t need, deferred_log_t *dl) {
     if (last->off + last->bytes == f->size) tail = last->bytes;
   }
   uint64_t missing = need - tail; /* need > tail, or the first fit would have found it */
-  uint64_t cap = f->limit ? f->limit : SPW_FILE_MAX_BYTES / f->align * f->align;
+  uint64_t cap = f->has_limit ? f->limit : SPW_FILE_MAX_BYTES / f->align * f->align;
   if (f->size > cap || missing > cap - f->size) return SPW_ERR_DISK_FULL;
   uint64_t want = (missing + f->grow_step - 1) / f->grow_step * f->grow_step;
   if (want > cap - f->size) want = cap - f->size;

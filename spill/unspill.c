@@ -17,31 +17,54 @@ int spw__unspill_host(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_
   uint64_t t0 = spw__now_ns();
   size_t size = s->size;
   spw_stream_t h2d = spw__engine_h2d(rt);
-  int st = spw__budget_reserve(rt, size);
-  if (st != SPW_OK) return st;
+  /* UNSPILLING while room is made: making room spills other buffers and must not run under
+   * this slot's mutex (acquirers of this buffer wait for the state to end). */
+  uint64_t w = atomic_load(&s->word);
+  atomic_store(&s->word, spw__w_with_state(w, SPW_STATE_UNSPILLING));
+  const void *src = s->host.ptr;
+  pthread_mutex_unlock(&s->mu);
+
   void *d = NULL;
-  st = spw__device_alloc(rt, size, h2d, &d);
-  if (st != SPW_OK) {
-    spw__budget_unreserve(rt, size);
-    return st;
+  int st = spw__budget_reserve(rt, size);
+  if (st == SPW_OK) {
+    st = spw__device_alloc(rt, size, h2d, &d);
+    if (st != SPW_OK) spw__budget_unreserve(rt, size);
   }
-  spw_copy_desc_t desc = {d, s->host.ptr, size};
-  st = rt->ops->copy_batch_async(rt->be, &desc, 1, SPW_COPY_H2D, h2d);
-  if (st == SPW_OK && !s->ready) st = rt->ops->event_create(rt->be, &s->ready);
-  if (st == SPW_OK) st = rt->ops->event_record(rt->be, s->ready, h2d);
-  if (st == SPW_OK && bstream != h2d) st = rt->ops->stream_wait_event(rt->be, bstream, s->ready);
-  if (st != SPW_OK) {
-    spw__dpool_free_after(rt, d, size, h2d);
-    spw__budget_unreserve(rt, size);
-    atomic_fetch_add(&rt->c.failures, 1);
+  int copied = 0;
+  if (st == SPW_OK) {
+    spw_copy_desc_t desc = {d, src, size};
+    st = rt->ops->copy_batch_async(rt->be, &desc, 1, SPW_COPY_H2D, h2d);
+    copied = st == SPW_OK;
+    if (st == SPW_OK && !s->ready) st = rt->ops->event_create(rt->be, &s->ready);
+    if (st == SPW_OK) st = rt->ops->event_record(rt->be, s->ready, h2d);
+    if (st == SPW_OK && bstream != h2d) st = rt->ops->stream_wait_event(rt->be, bstream, s->ready);
+  }
+
+  pthread_mutex_lock(&s->mu);
+  w = atomic_load(&s->word);
+  if (st != SPW_OK || (w & SPW_W_FREE_PENDING)) {
+    if (d) {
+      spw__dpool_free_after(rt, d, size, h2d);
+      spw__budget_unreserve(rt, size);
+    }
+    /* Back to HOST; WAIT makes a pending free return the host copy only after the upload
+     * stream has passed a copy that may still read it. */
+    atomic_store(&s->word, spw__w_with_state(w | (copied ? SPW_W_WAIT : 0), SPW_STATE_HOST));
+    if (st != SPW_OK) atomic_fetch_add(&rt->c.failures, 1);
+    if (w & SPW_W_FREE_PENDING) {
+      spw__buffer_finish_free(rt, s, h); /* unlocks */
+      pthread_mutex_lock(&s->mu);        /* the caller unlocks; the slot mutex outlives it */
+      return SPW_ERR_FREED;
+    }
     return st;
   }
   s->dptr = d;
   uint64_t keep = (flags & SPW_ACQUIRE_READ) ? SPW_W_CLEAN : 0;
   if (!keep) spw__host_extent_free_after(rt, &s->host, h2d);
   atomic_fetch_sub(&rt->c.host_bytes, size);
-  uint64_t w = atomic_load(&s->word);
   atomic_store(&s->word, spw__w_make(spw__w_gen(w), SPW_STATE_RESIDENT, SPW_W_WAIT | keep, lock));
+  /* Just brought back for use: the most recently used, not the first victim. */
+  atomic_store_explicit(&s->last_use, spw__coarse_now_ns(), memory_order_relaxed);
   uint64_t dt = spw__now_ns() - t0;
   atomic_fetch_add(&rt->c.unspills, 1);
   atomic_fetch_add(&rt->c.unspill_bytes, size);
@@ -56,36 +79,39 @@ int spw__unspill_disk(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_
   uint64_t t0 = spw__now_ns();
   size_t size = s->size;
   spw_stream_t h2d = spw__engine_h2d(rt);
-  int st = spw__budget_reserve(rt, size);
-  if (st != SPW_OK) return st;
-  void *d = NULL;
-  st = spw__device_alloc(rt, size, h2d, &d);
-  if (st != SPW_OK) {
-    spw__budget_unreserve(rt, size);
-    return st;
-  }
   uint64_t w = atomic_load(&s->word);
   atomic_store(&s->word, spw__w_with_state(w, SPW_STATE_UNSPILLING));
   spw_disk_extent_t src = s->disk;
   pthread_mutex_unlock(&s->mu);
 
-  /* The read blocks this thread only; other threads acquiring this buffer wait for the
-   * UNSPILLING state to end, the rest of the runtime carries on. */
-  st = spw__disk_read_device(rt, &src, d, size);
-
+  /* Room is made and the read done without this slot's mutex: the read blocks this thread
+   * only; other threads acquiring this buffer wait for the UNSPILLING state to end. */
+  void *d = NULL;
+  int st = spw__budget_reserve(rt, size);
+  if (st == SPW_OK) {
+    st = spw__device_alloc(rt, size, h2d, &d);
+    if (st != SPW_OK) spw__budget_unreserve(rt, size);
+  }
+  if (st == SPW_OK) st = spw__disk_read_device(rt, &src, d, size);
+  if (st != SPW_OK && d) {
+    spw__dpool_free(rt, d, size, h2d); /* the read waited for every copy it enqueued */
+    spw__budget_unreserve(rt, size);
+    d = NULL;
+  }
   pthread_mutex_lock(&s->mu);
   w = atomic_load(&s->word);
   if (w & SPW_W_FREE_PENDING) {
-    spw__dpool_free(rt, d, size, h2d);
-    spw__budget_unreserve(rt, size);
+    if (d) {
+      spw__dpool_free(rt, d, size, h2d);
+      spw__budget_unreserve(rt, size);
+    }
+    atomic_store(&s->word, spw__w_with_state(w, SPW_STATE_DISK));
     spw__buffer_finish_free(rt, s, h); /* unlocks */
     pthread_mutex_lock(&s->mu);        /* the caller unlocks; the slot mutex outlives it */
     return SPW_ERR_FREED;
   }
   if (st != SPW_OK) {
     atomic_store(&s->word, spw__w_with_state(w, SPW_STATE_DISK));
-    spw__dpool_free(rt, d, size, h2d);
-    spw__budget_unreserve(rt, size);
     atomic_fetch_add(&rt->c.failures, 1);
     return st;
   }
@@ -94,6 +120,7 @@ int spw__unspill_disk(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_
   s->dptr = d;
   /* The data is on the device already (the read waited for its copies), so no WAIT. */
   atomic_store(&s->word, spw__w_make(spw__w_gen(w), SPW_STATE_RESIDENT, 0, lock));
+  atomic_store_explicit(&s->last_use, spw__coarse_now_ns(), memory_order_relaxed);
   uint64_t dt = spw__now_ns() - t0;
   atomic_fetch_add(&rt->c.disk_reads, 1);
   atomic_fetch_add(&rt->c.disk_read_bytes, size);

@@ -14,7 +14,11 @@
 #include <time.h>
 
 #include "../spill/engine.h"
+#include "completions.h"
 #include "runtime.h"
+
+/* How long an allocation that finds everything locked waits for pending async releases. */
+#define SPW_PENDING_RELEASE_WAIT_NS 2000000000ull
 
 void spw__budget_unreserve(spw_runtime_t *rt, uint64_t bytes) {
   atomic_fetch_sub(&rt->device_used, bytes);
@@ -28,7 +32,7 @@ uint64_t spw__locked_device_bytes(spw_runtime_t *rt) {
   uint32_t n = atomic_load(&rt->handles.nslots);
   for (uint32_t i = 0; i < n; i++) {
     spw_slot_t *s = spw__handles_slot_at(&rt->handles, i);
-    uint64_t w = atomic_load_explicit(&s->word, memory_order_relaxed);
+    uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
     if (spw__w_state(w) == SPW_STATE_RESIDENT && spw__w_count(w) > 0) locked += s->size;
   }
   return locked;
@@ -53,6 +57,7 @@ int spw__budget_reserve(spw_runtime_t *rt, uint64_t bytes) {
     return spw__set_error(rt, SPW_ERR_OUT_OF_MEMORY,
                           "%llu bytes asked for, more than the device limit of %llu bytes",
                           (unsigned long long)bytes, (unsigned long long)rt->device_limit);
+  int drained = spw__in_callback(rt); /* a callback must not wait on the poller */
   for (;;) {
     uint64_t used = atomic_load(&rt->device_used);
     if (used + bytes <= rt->device_limit) {
@@ -70,6 +75,14 @@ int spw__budget_reserve(spw_runtime_t *rt, uint64_t bytes) {
     if (started > 0) continue;
     if (atomic_load(&rt->spilling_bytes) > 0 || atomic_load(&rt->device_used) != used) {
       wait_for_room(rt); /* others are making room, or a spill of ours was abandoned */
+      continue;
+    }
+    if (!drained) {
+      /* Locks handed to spw_stream_release_async are released as soon as their work
+       * completes: give that work a moment (bounded: the caller itself may be what holds
+       * a stream back) before calling the device full. */
+      drained = 1;
+      spw__completions_drain_for(rt, SPW_PENDING_RELEASE_WAIT_NS);
       continue;
     }
     uint64_t locked = spw__locked_device_bytes(rt);
@@ -152,7 +165,7 @@ uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, int background) {
   if (claimed < bytes) {
     for (uint32_t i = 0; i < nslots; i++) {
       spw_slot_t *s = spw__handles_slot_at(&rt->handles, i);
-      uint64_t w = atomic_load_explicit(&s->word, memory_order_relaxed);
+      uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
       if (!claimable(w)) continue;
       c[nc].last_use = atomic_load_explicit(&s->last_use, memory_order_relaxed);
       c[nc].index = i;

@@ -149,9 +149,22 @@ int spw__after_stream(spw_runtime_t *rt, spw_stream_t bstream, spw_completion_fn
   return SPW_OK;
 }
 
-void spw__completions_drain(spw_runtime_t *rt) {
+void spw__completions_drain(spw_runtime_t *rt) { spw__completions_drain_for(rt, UINT64_MAX); }
+
+int spw__completions_drain_for(spw_runtime_t *rt, uint64_t timeout_ns) {
   spw_completions_t *c = rt->completions;
-  if (!c) return;
+  if (!c) return 1;
+  struct timespec deadline;
+  clock_gettime(CLOCK_REALTIME, &deadline);
+  if (timeout_ns != UINT64_MAX) {
+    deadline.tv_sec += (time_t)(timeout_ns / 1000000000u);
+    deadline.tv_nsec += (long)(timeout_ns % 1000000000u);
+    if (deadline.tv_nsec >= 1000000000) {
+      deadline.tv_sec++;
+      deadline.tv_nsec -= 1000000000;
+    }
+  }
+  int drained = 1;
   pthread_mutex_lock(&c->mu);
   /* Items finish out of order: everything submitted so far has run once none of them is in
    * the list and the poller holds no detached list. */
@@ -161,9 +174,15 @@ void spw__completions_drain(spw_runtime_t *rt) {
     for (item_t *it = c->head; it && !older_pending; it = it->next)
       if (it->seq <= target) older_pending = 1;
     if (!older_pending) break;
-    pthread_cond_wait(&c->done_cv, &c->mu);
+    if (timeout_ns == UINT64_MAX) {
+      pthread_cond_wait(&c->done_cv, &c->mu);
+    } else if (pthread_cond_timedwait(&c->done_cv, &c->mu, &deadline) != 0) {
+      drained = 0;
+      break;
+    }
   }
   pthread_mutex_unlock(&c->mu);
+  return drained;
 }
 
 void spw__completions_flush_stream(spw_runtime_t *rt, spw_stream_t bstream) {

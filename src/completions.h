@@ -9,6 +9,8 @@
 #ifndef SPILLWAY_SRC_COMPLETIONS_H
 #define SPILLWAY_SRC_COMPLETIONS_H
 
+#include <stdint.h>
+
 #include "spillway/spillway.h"
 
 typedef void (*spw_completion_fn)(spw_runtime_t *rt, void *arg);
@@ -24,5 +26,7 @@ int spw__after_stream(spw_runtime_t *rt, spw_stream_t bstream, spw_completion_fn
 void spw__completions_flush_stream(spw_runtime_t *rt, spw_stream_t bstream);
 /* Blocks until everything submitted before the call has run. */
 void spw__completions_drain(spw_runtime_t *rt);
+/* The same, giving up after timeout_ns; returns 1 if everything ran. */
+int spw__completions_drain_for(spw_runtime_t *rt, uint64_t timeout_ns);
 
 #endif /* SPILLWAY_SRC_COMPLETIONS_H */

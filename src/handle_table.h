@@ -66,7 +66,7 @@ typedef struct spw_slot {
   _Atomic uint64_t word;
   _Atomic uint64_t last_use; /* coarse monotonic ns of the last acquire: LRU order */
   pthread_mutex_t mu;
-  size_t size;
+  _Atomic size_t size;       /* atomic: the victim scans read it without the mutex */
   void *dptr;                /* device memory while RESIDENT or SPILLING */
   spw_host_extent_t host;    /* authoritative in HOST / DEMOTING; a clean copy when the
                                 word has SPW_W_CLEAN and the buffer is RESIDENT */

@@ -212,7 +212,9 @@ int spw_runtime_create(const spw_config_t *config, spw_runtime_t **out) {
     st = spw__streams_init(&rt->streams, rt->null_bstream);
   }
   if (st == SPW_OK) {
-    size_t slab = rt->kind == SPW_BACKEND_HOST ? (size_t)64 << 20 : (size_t)256 << 20;
+    /* Slabs as large as the largest common buffers (a larger one gets a slab of its own,
+     * mapped and pinned for each spill). */
+    size_t slab = rt->kind == SPW_BACKEND_HOST ? (size_t)64 << 20 : (size_t)1 << 30;
     st = spw__arena_create(rt->ops, rt->be, rt->settings.host_limit, slab, &rt->arena);
   }
   if (st == SPW_OK) st = spw__dpool_create(rt, &rt->dpool);

@@ -292,7 +292,7 @@ static void threads_over_four_times_the_budget_keep_contents(void) {
   ASSERT_GT(mon.samples, 0);
   ASSERT_LE(mon.max_device, BUDGET);
   ASSERT_LE(st.device_bytes, BUDGET);
-  ASSERT_GT(st.spills_on_demand, 0);
+  ASSERT_GT(st.spills, 0); /* on demand or in the background: timing decides */
   ASSERT_GT(st.unspills, 0);
   ASSERT_UEQ(st.failures, 0);
   ASSERT_UEQ(st.locked_bytes, 0);
@@ -347,37 +347,25 @@ static void locked_buffer_is_never_moved_under_pressure(void) {
   spw_stream_t sl, sp;
   ASSERT_OK(spw_stream_create(rt, &sl));
   ASSERT_OK(spw_stream_create(rt, &sp));
-  uint8_t *staging = malloc(n);
-  ASSERT_TRUE(staging != NULL);
-
   lock_watch_t lw;
   memset(&lw, 0, sizeof lw);
   lw.rt = rt;
+  /* One source per locked buffer: the copies into them land while the locks are held, so
+   * no synchronize (which would release them) can be used to know when a source is free. */
+  uint8_t *src[NLOCKED];
   void *held[NLOCKED];
   for (int i = 0; i < NLOCKED; i++) {
+    src[i] = malloc(n);
+    ASSERT_TRUE(src[i] != NULL);
+    for (size_t off = 0; off < n; off += MAX_BUF)
+      make_contents(src[i] + off, MAX_BUF, ((uint64_t)i << 24) | (off / MAX_BUF));
     ASSERT_OK(spw_alloc(rt, n, sl, &lw.b[i]));
-    make_contents(staging, MAX_BUF, (uint64_t)i << 24);
-    for (size_t off = 0; off < n; off += MAX_BUF) upload(rt, lw.b[i], sl, staging, 0 + 0 * off + 1);
-  }
-  /* Simple, whole-buffer contents: the template repeated, stamped per MiB-block index. */
-  for (int i = 0; i < NLOCKED; i++) {
     ASSERT_OK(spw_acquire(rt, lw.b[i], sl, 0, &held[i]));
-    for (size_t off = 0; off < n; off += MAX_BUF) {
-      make_contents(staging + off, MAX_BUF, ((uint64_t)i << 24) | (off / MAX_BUF));
-    }
-    ASSERT_OK(spw_memcpy_async(rt, held[i], staging, n, sl));
+    ASSERT_OK(spw_memcpy_async(rt, held[i], src[i], n, sl));
   }
-  /* The copies must land before `staging` is reused; the locks stay (no synchronize). */
-  spw_stream_t probe;
-  ASSERT_OK(spw_stream_create(rt, &probe));
-  for (int i = 0; i < NLOCKED; i++) {
-    void *again = NULL;
-    ASSERT_OK(spw_acquire(rt, lw.b[i], sl, SPW_ACQUIRE_READ, &again));
-    ASSERT_PTR_EQ(again, held[i]);
-    ASSERT_OK(spw_release(rt, lw.b[i], sl));
-  }
-  ASSERT_OK(spw_launch_host_func(rt, sl, (void (*)(void *))(void (*)(void))0 == NULL ? NULL : NULL, NULL) == SPW_OK ? SPW_OK : SPW_OK);
-  (void)probe;
+  uint8_t *staging = malloc(n);
+  ASSERT_TRUE(staging != NULL);
+  for (size_t off = 0; off < n; off += MAX_BUF) make_contents(staging + off, MAX_BUF, 0xFFFFFF);
 
   pthread_t watcher;
   ASSERT_EQ(pthread_create(&watcher, NULL, lock_watch_main, &lw), 0);
@@ -402,19 +390,26 @@ static void locked_buffer_is_never_moved_under_pressure(void) {
   ASSERT_GT(st.spills, 0);
   ASSERT_UEQ(st.failures, 0);
 
-  /* Read through the pointers held all along: the contents never moved away. */
+  /* Read through the pointers held all along (one synchronize: it releases every lock of
+   * sl): the contents never moved away. */
+  uint8_t *got[NLOCKED];
   for (int i = 0; i < NLOCKED; i++) {
-    uint8_t *got = malloc(n);
-    ASSERT_TRUE(got != NULL);
-    ASSERT_OK(spw_memcpy_async(rt, got, held[i], n, sl));
-    ASSERT_OK(spw_stream_synchronize(rt, sl));
+    got[i] = malloc(n);
+    ASSERT_TRUE(got[i] != NULL);
+    ASSERT_OK(spw_memcpy_async(rt, got[i], held[i], n, sl));
+  }
+  ASSERT_OK(spw_stream_synchronize(rt, sl));
+  for (int i = 0; i < NLOCKED; i++) {
     for (size_t off = 0; off < n; off += MAX_BUF)
-      ASSERT_UEQ(check_contents(got + off, MAX_BUF, ((uint64_t)i << 24) | (off / MAX_BUF)),
+      ASSERT_UEQ(check_contents(got[i] + off, MAX_BUF, ((uint64_t)i << 24) | (off / MAX_BUF)),
                  (size_t)-1);
-    free(got);
+    free(got[i]);
   }
   for (int j = 0; j < 40; j++) ASSERT_OK(spw_free(rt, extra[j]));
-  for (int i = 0; i < NLOCKED; i++) ASSERT_OK(spw_free(rt, lw.b[i]));
+  for (int i = 0; i < NLOCKED; i++) {
+    ASSERT_OK(spw_free(rt, lw.b[i]));
+    free(src[i]);
+  }
   free(staging);
   ASSERT_OK(spw_runtime_destroy(rt));
 }

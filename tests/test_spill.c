@@ -9,6 +9,7 @@
  * every test is valid on both backends. Expected contents come from test_fill; a readback
  * is compared with memcmp (fast under sanitizers) and test_first_mismatch names the first
  * bad byte. Sizes are drawn from a seeded generator: SPW_TEST_SEED=n replays a run. */
+#include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <time.h>
@@ -309,8 +310,9 @@ static void acquire_during_spill_abandons_it(void) {
   for (int a = 0; a < attempts; a++) {
     const uint64_t seed = 7 + (uint64_t)(a & 1);
     ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
-    while (state_of(rt, b) == SPW_STATE_RESIDENT) {
-    }
+    /* Yield while waiting: on a small machine a pure spin starves the engine (and a
+     * sanitizer's report writer) for whole time slices. */
+    while (state_of(rt, b) == SPW_STATE_RESIDENT) sched_yield();
     /* Vary how far into the copy the acquire lands. */
     for (uint64_t spin = rng_next() % 20000; spin > 0; spin--) __asm__ volatile("" ::: "memory");
     void *d = NULL;

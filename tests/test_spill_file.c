@@ -13,9 +13,12 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/loop.h>
+#include <sys/ioctl.h>
 #include <sys/mount.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "spill_file.h"
@@ -312,6 +315,11 @@ static void test_bad_arguments_are_rejected(void) {
   spw__spill_file_close(NULL);
   ASSERT_UEQ(spw__spill_file_bytes_in_use(f), 0);
   spw__spill_file_close(f);
+  /* A limit below the alignment admits nothing (rather than meaning "no limit"). */
+  ASSERT_OK(spw__spill_file_open(dir, 100, 0, NULL, NULL, &f));
+  ASSERT_STATUS(spw__spill_file_alloc(f, 1, &e), SPW_ERR_DISK_FULL);
+  ASSERT_UEQ(file_size(f), 0);
+  spw__spill_file_close(f);
   remove_dir(dir);
 }
 
@@ -437,6 +445,29 @@ static void unmount_fs(const char *dir) {
   if (umount(dir) != 0) ASSERT_EQ(umount2(dir, MNT_DETACH), 0);
 }
 
+/* Runs fn(dir) in a child, so that a failed assertion cannot leave the file system
+ * mounted: the parent unmounts whatever happened. Returns the child's wait status for
+ * check_child, once the caller has cleaned up. */
+static int run_mounted(void (*fn)(const char *), const char *dir) {
+  fflush(stdout);
+  pid_t pid = fork();
+  ASSERT_TRUE(pid >= 0);
+  if (pid == 0) {
+    fn(dir);
+    fflush(stdout);
+    _exit(0);
+  }
+  int ws = 0;
+  ASSERT_EQ(waitpid(pid, &ws, 0), pid);
+  unmount_fs(dir);
+  return ws;
+}
+
+static void check_child(int ws) {
+  ASSERT_TRUE(WIFEXITED(ws));
+  ASSERT_EQ(WEXITSTATUS(ws), 0);
+}
+
 static void test_enospc_on_small_tmpfs(const char *dir) {
   log_sink_t sink;
   sink_init(&sink);
@@ -487,6 +518,72 @@ static void test_enospc_on_small_tmpfs(const char *dir) {
   spw__spill_file_close(f);
 }
 
+/* ext4 keeps the blocks and the size a failed fallocate got before ENOSPC; the allocator
+ * must cut the file back, so the failed step leaves no trace. */
+static void test_enospc_on_small_ext4_leaves_file_unchanged(const char *dir) {
+  log_sink_t sink;
+  sink_init(&sink);
+  spw_spill_file_t *f = NULL;
+  ASSERT_OK(spw__spill_file_open(dir, 0, 64 * MiB, sink_log, &sink, &f));
+  spw_disk_extent_t e[32], x = {1, 2};
+  /* The 64 MiB step fails; the 1 MiB actually needed fits. */
+  ASSERT_OK(spw__spill_file_alloc(f, 1 * MiB, &e[0]));
+  ASSERT_UEQ(file_size(f), 1 * MiB);
+  ASSERT_LE(file_disk_bytes(f), 2 * MiB);
+  int n = 1, st;
+  while (n < 32 && (st = spw__spill_file_alloc(f, 1 * MiB, &e[n])) == SPW_OK) n++;
+  ASSERT_LT(n, 32);
+  ASSERT_STATUS(st, SPW_ERR_DISK_FULL);
+  ASSERT_GE(n, 8);
+  ASSERT_UEQ(file_size(f), (uint64_t)n * MiB);
+  uint64_t blocks = file_disk_bytes(f);
+  ASSERT_STATUS(spw__spill_file_alloc(f, 1 * MiB, &x), SPW_ERR_DISK_FULL);
+  ASSERT_UEQ(file_size(f), (uint64_t)n * MiB);
+  ASSERT_UEQ(file_disk_bytes(f), blocks);
+  ASSERT_UEQ(spw__spill_file_bytes_in_use(f), (uint64_t)n * MiB);
+  check_disjoint(f, e, (size_t)n);
+  /* Space given back by a free is found again. */
+  spw__spill_file_free(f, &e[n / 2]);
+  ASSERT_OK(spw__spill_file_alloc(f, 1 * MiB, &e[n / 2]));
+  for (int i = 0; i < n; i++) spw__spill_file_free(f, &e[i]);
+  spw__spill_file_close(f);
+}
+
+/* A 16 MiB ext4 on a loop device over a file in `scratch`, mounted on `dir`. Returns the
+ * loop device's fd (>= 0), or -1 with a note when the tools or devices are missing. */
+static int mount_small_ext4(const char *scratch, const char *dir) {
+  char img[4200], cmd[4400], dev[64];
+  snprintf(img, sizeof img, "%s.img", scratch);
+  int fd = open(img, O_RDWR | O_CREAT | O_EXCL, 0600);
+  if (fd < 0 || ftruncate(fd, (off_t)(16 * MiB)) != 0) {
+    printf("note: cannot create %s: ext4 test not run\n", img);
+    if (fd >= 0) close(fd);
+    return -1;
+  }
+  snprintf(cmd, sizeof cmd, "mkfs.ext4 -q -F '%s' >/dev/null 2>&1", img);
+  int ctl = -1, loop = -1;
+  long n = -1;
+  if (system(cmd) == 0 && (ctl = open("/dev/loop-control", O_RDWR | O_CLOEXEC)) >= 0 &&
+      (n = ioctl(ctl, LOOP_CTL_GET_FREE)) >= 0) {
+    snprintf(dev, sizeof dev, "/dev/loop%ld", n);
+    loop = open(dev, O_RDWR | O_CLOEXEC);
+    if (loop >= 0 && ioctl(loop, LOOP_SET_FD, fd) != 0) {
+      close(loop);
+      loop = -1;
+    }
+    if (loop >= 0 && mount(dev, dir, "ext4", MS_NOSUID | MS_NODEV, NULL) != 0) {
+      ioctl(loop, LOOP_CLR_FD, 0);
+      close(loop);
+      loop = -1;
+    }
+  }
+  if (ctl >= 0) close(ctl);
+  close(fd);
+  unlink(img); /* the loop device holds the file open */
+  if (loop < 0) printf("note: no mkfs.ext4 or loop device here: ext4 test not run\n");
+  return loop;
+}
+
 static void test_ramfs_without_odirect_or_fallocate(const char *dir) {
   log_sink_t sink;
   sink_init(&sink);
@@ -533,11 +630,16 @@ int main(void) {
            strerror(e));
     return TEST_SKIP;
   }
-  test_enospc_on_small_tmpfs(dir);
-  unmount_fs(dir);
+  check_child(run_mounted(test_enospc_on_small_tmpfs, dir));
+  int loop = mount_small_ext4(dir, dir);
+  if (loop >= 0) {
+    int ws = run_mounted(test_enospc_on_small_ext4_leaves_file_unchanged, dir);
+    ASSERT_EQ(ioctl(loop, LOOP_CLR_FD, 0), 0);
+    close(loop);
+    check_child(ws);
+  }
   if (mount_fs(dir, "ramfs", "mode=0700") == 0) {
-    test_ramfs_without_odirect_or_fallocate(dir);
-    unmount_fs(dir);
+    check_child(run_mounted(test_ramfs_without_odirect_or_fallocate, dir));
   } else {
     printf("note: ramfs not available (%s): O_DIRECT fallback not exercised\n", strerror(errno));
   }

@@ -13,3 +13,21 @@ set_tests_properties(test_backend_cuda PROPERTIES LABELS gpu)
 if(SPW_HAVE_CUDA) # the test reaches spw__backend_cuda_ops, declared only under this macro
   target_compile_definitions(test_backend_cuda PRIVATE SPW_HAVE_CUDA)
 endif()
+spw_behaviour_test(test_spill)
+spw_behaviour_test(test_oversubscribe)
+spw_behaviour_test(test_spill_faults)
+spw_behaviour_test(test_controller)
+spw_behaviour_test(test_disk_tier DISK)
+# The demo end to end (main phase + disk phase, every buffer verified): host backend
+# everywhere, CUDA backend where there is a GPU (exits 77 = skipped without one).
+if(TARGET spillway-demo)
+  foreach(backend host cuda)
+    add_test(NAME spillway_demo.${backend} COMMAND spillway-demo --backend ${backend})
+    set_tests_properties(spillway_demo.${backend} PROPERTIES SKIP_RETURN_CODE 77 TIMEOUT 300
+      ENVIRONMENT "SPILLWAY_LOG_LEVEL=warn")
+  endforeach()
+  set_tests_properties(spillway_demo.host PROPERTIES LABELS cpu)
+  set_tests_properties(spillway_demo.cuda PROPERTIES LABELS gpu)
+endif()
+spw_unit_test(test_spill_file)
+spw_unit_test(test_disk_io)

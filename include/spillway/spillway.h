@@ -105,7 +105,8 @@ typedef enum spw_backend_kind {
 
 typedef enum spw_io_kind {
   SPW_IO_AUTO = 0,  /* io_uring when the kernel allows it, else POSIX */
-  SPW_IO_URING = 1, /* io_uring only; runtime creation fails if it is refused */
+  SPW_IO_URING = 1, /* io_uring only; if the kernel refuses it, the disk tier is unavailable
+                       (first use fails with SPW_ERR_UNSUPPORTED) */
   SPW_IO_POSIX = 2, /* pread/pwrite from engine threads */
 } spw_io_kind_t;
 
@@ -223,7 +224,9 @@ SPW_API SPW_NODISCARD int spw_stream_create(spw_runtime_t *rt, spw_stream_t *out
 SPW_API int spw_stream_destroy(spw_runtime_t *rt, spw_stream_t stream);
 
 /* CUDA backend: makes a stream the application created known to the runtime so it may be
- * passed to acquire. Registering twice is SPW_OK. Host backend: SPW_ERR_UNSUPPORTED. */
+ * passed to acquire. Registering twice is SPW_OK. Host backend: SPW_ERR_UNSUPPORTED.
+ * A runtime remembers up to 4096 distinct stream values over its life (an unregistered or
+ * destroyed stream's value may come back and reuses its entry); past that, SPW_ERR_BUSY. */
 SPW_API int spw_stream_register(spw_runtime_t *rt, spw_stream_t stream);
 
 /* Synchronizes `stream`, releases its locks and forgets it (the stream itself is not
@@ -288,7 +291,11 @@ SPW_API int spw_buf_lock_count(spw_runtime_t *rt, spw_buf_t buf, uint32_t *out);
  * not block, unless room must first be made by spilling); from disk the calling thread
  * blocks for the read only. The lock is recorded in `stream`'s lock map. Errors:
  * SPW_ERR_INVALID_HANDLE, SPW_ERR_FREED, SPW_ERR_INVALID_STREAM, SPW_ERR_INVALID_ARG,
- * SPW_ERR_OUT_OF_MEMORY, SPW_ERR_CUDA, SPW_ERR_IO. */
+ * SPW_ERR_OUT_OF_MEMORY, SPW_ERR_CUDA, SPW_ERR_IO, SPW_ERR_BUSY (2^31 nested locks),
+ * SPW_ERR_SYSTEM (the lock map could not grow), SPW_ERR_WOULD_DEADLOCK (from a controller
+ * callback, for a buffer that is not on the device). When everything on the device is
+ * locked, an allocation or unspill first waits up to 2 s for locks that
+ * spw_stream_release_async will release, then fails with SPW_ERR_OUT_OF_MEMORY. */
 SPW_API SPW_NODISCARD int spw_acquire(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream,
                                       unsigned flags, void **dptr);
 
@@ -310,9 +317,10 @@ SPW_API int spw_release(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream);
  * Completion is observable through spw_buf_state, the controller's state_changed callback
  * or spw_wait_idle; a failure of the background work is reported through the controller and
  * spw_async_error, and the buffer stays where it was. A buffer already at or below `tier`
- * is SPW_OK. Errors: SPW_ERR_LOCKED, SPW_ERR_INVALID_ARG (tier DEVICE), handle errors,
- * SPW_ERR_UNSUPPORTED (DISK in a build without the disk tier). May be called from a
- * controller callback. */
+ * is SPW_OK. Errors: SPW_ERR_LOCKED, SPW_ERR_INVALID_ARG (tier DEVICE), handle errors.
+ * If the disk tier cannot be opened (spill directory missing, io_uring refused under
+ * SPW_IO_URING), a spill to DISK fails in the background with that reason. May be called
+ * from a controller callback. */
 SPW_API int spw_spill(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t tier);
 
 /* Starts bringing `buf` back to the device, ordered on `stream`, without locking it; a later
@@ -365,8 +373,9 @@ typedef struct spw_stats {
 /* Fills `out` (set out->struct_size first; fields past it are not written). */
 SPW_API int spw_get_stats(spw_runtime_t *rt, spw_stats_t *out);
 
-/* Writes a one-line summary ("dev 1.2/4.0 GiB, host 3.1 GiB, disk 0 B, spilled 12.4 GiB in
- * 0.25 s ...") into `buf` (always NUL-terminated when len > 0). */
+/* Writes a one-line summary ("12 buffers; device 1.2 GiB of 4.0 GiB (locked 256.0 MiB); host
+ * 3.1 GiB; disk 0 B; spilled 12.4 GiB in 210 (0.250 s, ...) ...") into `buf` (always
+ * NUL-terminated when len > 0). */
 SPW_API int spw_stats_summary(spw_runtime_t *rt, char *buf, size_t len);
 
 /* ---------------------------------------------------------------------------------------
@@ -374,7 +383,9 @@ SPW_API int spw_stats_summary(spw_runtime_t *rt, char *buf, size_t len);
  * the thread that caused the event (the allocating / freeing thread, or an engine thread for
  * background work) and never while Spillway holds one of its own locks. From a callback you
  * may call spw_spill, spw_prefetch, the queries and the statistics; calls that would wait on
- * the runtime (spw_wait_idle, spw_stream_synchronize) return SPW_ERR_WOULD_DEADLOCK.
+ * the runtime (spw_wait_idle, spw_stream_synchronize, spw_stream_destroy,
+ * spw_stream_unregister, spw_runtime_destroy, and spw_acquire of a buffer that is not on
+ * the device) return SPW_ERR_WOULD_DEADLOCK.
  * ------------------------------------------------------------------------------------- */
 typedef struct spw_state_event {
   spw_buf_t buf;

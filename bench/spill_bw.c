@@ -1,0 +1,427 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* spill_bw: spill (device -> pinned host) and unspill (host -> device) throughput through
+ * Spillway by buffer size, next to raw cudaMemcpyAsync between device memory and pinned
+ * host memory (anonymous mmap + cudaHostRegister) measured in the same run.
+ *
+ * Per size: `count` buffers are allocated and filled with the check pattern, then warmed up
+ * (one spill + writable-acquire pass, untimed). Each of `reps` rounds (the median is shown)
+ * times, in order:
+ *  - spill: spw_spill(all, HOST) + spw_wait_idle (the engine batches the queued spills);
+ *  - unspill (prefetch): spw_prefetch(all, stream) + synchronize. A prefetch keeps a clean
+ *    host copy, so the buffers are then spilled again untimed (moving no bytes) before:
+ *  - unspill (acquire): a writable spw_acquire of all + synchronize (which releases them).
+ * Raw: one cudaMemcpyAsync per buffer each way and, below 4 MiB, one copy of the whole
+ * working set (the ceiling batching can reach). Duplex: half the buffers spill while the
+ * other half are prefetched, from two threads, against raw D2H and H2D of the same pieces on
+ * two streams from two threads.
+ *
+ * Every timed pass is checked: after a spill all buffers must be on host and the spill byte
+ * counter must have grown by the working set; after an unspill all must be resident. At the
+ * end of each size a sample of buffers is read back and compared word for word with the
+ * pattern. Device and host limits are set to twice the largest working set, so no spill on
+ * demand or background spill interferes. Nothing here asserts on time.
+ *
+ * Options (--NAME=VALUE or SPW_BENCH_NAME): sizes (list), total (bytes per size; the count
+ * is total/size, at least 2, at most max-count), max-count, reps. Defaults on cuda: sizes
+ * 4KiB..1GiB, total 1 GiB, max-count 65536 (4 KiB x 65536 = 256 MiB; 1 GiB x 2), reps 3; on
+ * host: sizes 4KiB..64MiB, total 64 MiB, max-count 4096, reps 3.
+ */
+#include <inttypes.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bench_common.h"
+
+typedef struct result {
+  uint64_t size;
+  size_t count;
+  double spill, raw_d2h, prefetch, raw_h2d, acquire, big_d2h, big_h2d;
+  double duplex, raw_duplex;
+  uint64_t arena_before; /* pinned arena bytes mapped when the first timed spill started */
+  uint64_t bad;          /* wrong words in the checked sample */
+  unsigned anomalies;    /* passes whose end state or byte count was not as expected */
+} result_t;
+
+typedef struct ctx {
+  const bench_env_t *env;
+  spw_runtime_t *rt;
+  spw_stream_t s, s2;
+  spw_buf_t *bufs;
+  size_t count;
+  uint64_t size;
+  unsigned reps;
+  result_t *res;
+} ctx_t;
+
+/* ---- passes over a range of buffers ---- */
+
+static int spill_range(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to) {
+  for (size_t i = from; i < to; i++) {
+    int st = spw_spill(rt, b[i], SPW_TIER_HOST);
+    if (st != SPW_OK) return bench_fail(rt, "spw_spill", st);
+  }
+  int st = spw_wait_idle(rt);
+  return st != SPW_OK ? bench_fail(rt, "spw_wait_idle (spill)", st) : SPW_OK;
+}
+
+static int prefetch_range(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to,
+                          spw_stream_t s) {
+  for (size_t i = from; i < to; i++) {
+    int st = spw_prefetch(rt, b[i], s);
+    if (st != SPW_OK) return bench_fail(rt, "spw_prefetch", st);
+  }
+  int st = spw_stream_synchronize(rt, s);
+  return st != SPW_OK ? bench_fail(rt, "spw_stream_synchronize (prefetch)", st) : SPW_OK;
+}
+
+static int acquire_range(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to,
+                         spw_stream_t s) {
+  int st = SPW_OK;
+  for (size_t i = from; i < to && st == SPW_OK; i++) {
+    void *d;
+    st = spw_acquire(rt, b[i], s, 0, &d);
+    if (st != SPW_OK) bench_fail(rt, "spw_acquire", st);
+  }
+  int sst = spw_stream_synchronize(rt, s); /* also drops the locks taken before a failure */
+  if (st == SPW_OK && sst != SPW_OK) st = bench_fail(rt, "spw_stream_synchronize", sst);
+  return st;
+}
+
+/* How many of b[from, to) are not in `want`. */
+static size_t count_not_in(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to,
+                           spw_state_t want) {
+  size_t off = 0;
+  for (size_t i = from; i < to; i++) {
+    spw_state_t st;
+    if (spw_buf_state(rt, b[i], &st) != SPW_OK || st != want) off++;
+  }
+  return off;
+}
+
+static int get_stats(spw_runtime_t *rt, spw_stats_t *out) {
+  memset(out, 0, sizeof *out);
+  out->struct_size = sizeof *out;
+  int st = spw_get_stats(rt, out);
+  return st != SPW_OK ? bench_fail(rt, "spw_get_stats", st) : SPW_OK;
+}
+
+static void anomaly(ctx_t *c, const char *what, size_t n) {
+  char sz[32];
+  bench_fmt_size(c->size, sz, sizeof sz);
+  fprintf(stderr, "spill_bw: %s x %zu: %s (%zu)\n", sz, c->count, what, n);
+  c->res->anomalies++;
+}
+
+/* ---- duplex: one thread spills the first half, another prefetches the second ---- */
+
+typedef struct half_task {
+  ctx_t *c;
+  size_t from, to;
+} half_task_t;
+
+static int duplex_spill(void *p) {
+  half_task_t *t = p;
+  return spill_range(t->c->rt, t->c->bufs, t->from, t->to);
+}
+
+static int duplex_prefetch(void *p) {
+  half_task_t *t = p;
+  return prefetch_range(t->c->rt, t->c->bufs, t->from, t->to, t->c->s2);
+}
+
+/* ---- one size ---- */
+
+static int measure_raw(ctx_t *c, void *dev, void *pinned) {
+  const bench_env_t *env = c->env;
+  result_t *r = c->res;
+  bench_rstream_t rs;
+  int st = bench_rstream_create(env, &rs);
+  if (st != SPW_OK) return st;
+  st = bench_raw_copy_gbs(env, &rs, pinned, dev, c->size, c->count, c->reps, &r->raw_d2h);
+  if (st == SPW_OK)
+    st = bench_raw_copy_gbs(env, &rs, dev, pinned, c->size, c->count, c->reps, &r->raw_h2d);
+  if (st == SPW_OK && c->size < 4 * BENCH_MIB) {
+    size_t all = c->size * c->count;
+    st = bench_raw_copy_gbs(env, &rs, pinned, dev, all, 1, c->reps, &r->big_d2h);
+    if (st == SPW_OK) st = bench_raw_copy_gbs(env, &rs, dev, pinned, all, 1, c->reps, &r->big_h2d);
+  }
+  bench_rstream_destroy(env, &rs);
+  if (st == SPW_OK)
+    st = bench_raw_duplex_gbs(env, dev, pinned, c->size, c->count / 2, c->reps, &r->raw_duplex);
+  return st;
+}
+
+static int measure_spillway(ctx_t *c) {
+  spw_runtime_t *rt = c->rt;
+  result_t *r = c->res;
+  const size_t n = c->count;
+  const uint64_t ws = c->size * n;
+  double t_spill[16], t_pre[16], t_acq[16], t_dup[16];
+
+  /* Warm-up: the engine, the copy paths and the host arena see one full cycle. */
+  int st = spill_range(rt, c->bufs, 0, n);
+  if (st == SPW_OK) st = acquire_range(rt, c->bufs, 0, n, c->s);
+
+  for (unsigned k = 0; k < c->reps && st == SPW_OK; k++) {
+    spw_stats_t s0, s1;
+    st = get_stats(rt, &s0);
+    if (st != SPW_OK) break;
+    if (k == 0) r->arena_before = s0.host_pinned_bytes;
+
+    double t0 = bench_now();
+    st = spill_range(rt, c->bufs, 0, n);
+    t_spill[k] = bench_now() - t0;
+    if (st == SPW_OK) st = get_stats(rt, &s1);
+    if (st != SPW_OK) break;
+    size_t off = count_not_in(rt, c->bufs, 0, n, SPW_STATE_HOST);
+    if (off) anomaly(c, "buffers not on host after the timed spill", off);
+    if (s1.spill_bytes - s0.spill_bytes != ws)
+      anomaly(c, "spill byte counter did not grow by the working set",
+              (size_t)(s1.spill_bytes - s0.spill_bytes));
+
+    t0 = bench_now();
+    st = prefetch_range(rt, c->bufs, 0, n, c->s);
+    t_pre[k] = bench_now() - t0;
+    if (st != SPW_OK) break;
+    off = count_not_in(rt, c->bufs, 0, n, SPW_STATE_RESIDENT);
+    if (off) anomaly(c, "buffers not resident after the timed prefetch", off);
+
+    st = spill_range(rt, c->bufs, 0, n); /* clean copies: no bytes move */
+    if (st != SPW_OK) break;
+
+    t0 = bench_now();
+    st = acquire_range(rt, c->bufs, 0, n, c->s);
+    t_acq[k] = bench_now() - t0;
+    if (st != SPW_OK) break;
+    off = count_not_in(rt, c->bufs, 0, n, SPW_STATE_RESIDENT);
+    if (off) anomaly(c, "buffers not resident after the timed acquire", off);
+  }
+  if (st != SPW_OK) return st;
+  r->spill = bench_gbs(ws, bench_median(t_spill, c->reps));
+  r->prefetch = bench_gbs(ws, bench_median(t_pre, c->reps));
+  r->acquire = bench_gbs(ws, bench_median(t_acq, c->reps));
+
+  /* Duplex. Every buffer is resident and dirty now; the second half goes to host first. */
+  const size_t half = n / 2;
+  half_task_t down = {c, 0, half}, up = {c, half, n};
+  st = spill_range(rt, c->bufs, half, n);
+  for (unsigned k = 0; k < c->reps && st == SPW_OK; k++) {
+    st = bench_run_pair(duplex_spill, &down, duplex_prefetch, &up, &t_dup[k]);
+    if (st != SPW_OK) break;
+    size_t off = count_not_in(rt, c->bufs, 0, half, SPW_STATE_HOST) +
+                 count_not_in(rt, c->bufs, half, n, SPW_STATE_RESIDENT);
+    if (off) anomaly(c, "buffers not where the duplex pass should have put them", off);
+    /* Back to the start state with dirty data on both sides: no clean copies anywhere. */
+    st = acquire_range(rt, c->bufs, 0, n, c->s);
+    if (st == SPW_OK) st = spill_range(rt, c->bufs, half, n);
+  }
+  if (st != SPW_OK) return st;
+  r->duplex = bench_gbs(ws, bench_median(t_dup, c->reps));
+  return SPW_OK;
+}
+
+/* Reads back up to 9 buffers spread over the set (both halves: some on host, some not). */
+static int verify_sample(ctx_t *c, uint32_t seed0) {
+  size_t picks[9];
+  size_t np = 0;
+  for (size_t k = 0; k < 9 && k < c->count; k++) {
+    size_t i = c->count <= 9 ? k : (c->count - 1) * k / 8;
+    picks[np++] = i;
+  }
+  for (size_t k = 0; k < np; k++) {
+    uint64_t bad = 0;
+    size_t i = picks[k];
+    int st = bench_verify(c->rt, c->bufs[i], c->size, seed0 + (uint32_t)i, 0, c->s, &bad);
+    if (st != SPW_OK) return st;
+    c->res->bad += bad;
+  }
+  return SPW_OK;
+}
+
+static int run_size(ctx_t *c, void *dev, void *pinned, uint32_t seed0) {
+  int st = SPW_OK;
+  size_t made = 0;
+  c->bufs = calloc(c->count, sizeof *c->bufs);
+  if (!c->bufs) return SPW_ERR_SYSTEM;
+  for (; made < c->count && st == SPW_OK; made++)
+    st = bench_alloc_filled(c->env, c->rt, c->size, seed0 + (uint32_t)made, c->s,
+                            &c->bufs[made]);
+  if (st != SPW_OK) made--; /* the failed one was not allocated */
+  int sst = spw_stream_synchronize(c->rt, c->s);
+  if (st == SPW_OK && sst != SPW_OK) st = bench_fail(c->rt, "spw_stream_synchronize (fill)", sst);
+
+  if (st == SPW_OK) st = measure_raw(c, dev, pinned);
+  if (st == SPW_OK) st = measure_spillway(c);
+  if (st == SPW_OK) st = verify_sample(c, seed0);
+
+  for (size_t i = 0; i < made; i++) spw_free(c->rt, c->bufs[i]);
+  int wst = spw_wait_idle(c->rt);
+  if (st == SPW_OK && wst != SPW_OK) st = bench_fail(c->rt, "spw_wait_idle (free)", wst);
+  free(c->bufs);
+  c->bufs = NULL;
+  return st;
+}
+
+/* ---- report ---- */
+
+static double ratio(double a, double b) { return b > 0 ? a / b : 0; }
+
+static const result_t *find_row(const result_t *r, size_t n, uint64_t size) {
+  for (size_t i = 0; i < n; i++)
+    if (r[i].size == size) return &r[i];
+  return NULL;
+}
+
+static void print_tables(const bench_env_t *env, const result_t *r, size_t n) {
+  char sz[32], ar[32];
+  printf("| size | count | spill GB/s | raw D2H GB/s | ratio | unspill (prefetch) GB/s | "
+         "raw H2D GB/s | ratio | unspill (acquire) GB/s | ratio | one copy D2H / H2D GB/s | "
+         "duplex GB/s | raw duplex GB/s | ratio | arena before spill |\n");
+  printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
+         "---: | ---: | ---: |\n");
+  for (size_t i = 0; i < n; i++) {
+    bench_fmt_size(r[i].size, sz, sizeof sz);
+    bench_fmt_size(r[i].arena_before, ar, sizeof ar);
+    char big[64] = "-";
+    if (r[i].big_d2h > 0) snprintf(big, sizeof big, "%.1f / %.1f", r[i].big_d2h, r[i].big_h2d);
+    printf("| %s | %zu | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %s | %.2f | "
+           "%.2f | %.2f | %s |\n",
+           sz, r[i].count, r[i].spill, r[i].raw_d2h, ratio(r[i].spill, r[i].raw_d2h),
+           r[i].prefetch, r[i].raw_h2d, ratio(r[i].prefetch, r[i].raw_h2d), r[i].acquire,
+           ratio(r[i].acquire, r[i].raw_h2d), big, r[i].duplex, r[i].raw_duplex,
+           ratio(r[i].duplex, r[i].raw_duplex), ar);
+  }
+  printf("\nduplex: half the buffers spill while the other half are prefetched (2 threads), "
+         "against raw D2H + H2D at once (2 streams, 2 threads); GB/s of both directions. "
+         "arena: pinned host memory mapped when the first timed spill began.\n");
+  printf("\ngoals%s:\n", env->kind == SPW_BACKEND_HOST
+                             ? " (set for an H100/H200 over PCIe; the host backend's numbers "
+                               "only show relative costs)"
+                             : "");
+  double worst = 1e9;
+  int any = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].size < 4 * BENCH_MIB) continue;
+    any = 1;
+    double a = ratio(r[i].spill, r[i].raw_d2h), b = ratio(r[i].prefetch, r[i].raw_h2d);
+    if (a < worst) worst = a;
+    if (b < worst) worst = b;
+  }
+  if (any)
+    printf("- spill and unspill >= 95%% of raw for sizes >= 4 MiB: worst %.0f%%: %s\n",
+           worst * 100, worst >= 0.95 ? "met" : "NOT met");
+  const struct {
+    uint64_t size;
+    size_t count;
+    double goal;
+  } abs_goals[] = {{64 * BENCH_KIB, 16384, 45.0}, {4 * BENCH_KIB, 65536, 40.0}};
+  for (size_t g = 0; g < 2; g++) {
+    const result_t *x = find_row(r, n, abs_goals[g].size);
+    bench_fmt_size(abs_goals[g].size, sz, sizeof sz);
+    if (!x) {
+      printf("- %s x %zu >= %.0f GB/s both ways: not measured\n", sz, abs_goals[g].count,
+             abs_goals[g].goal);
+      continue;
+    }
+    double lo = x->spill < x->prefetch ? x->spill : x->prefetch;
+    printf("- %s x %zu >= %.0f GB/s both ways: %s x %zu spill %.1f, unspill %.1f GB/s: %s\n", sz,
+           abs_goals[g].count, abs_goals[g].goal, sz, x->count, x->spill, x->prefetch,
+           lo >= abs_goals[g].goal ? "met" : "NOT met");
+  }
+  double dlo = 1e18, dhi = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (r[i].duplex < dlo) dlo = r[i].duplex;
+    if (r[i].duplex > dhi) dhi = r[i].duplex;
+  }
+  printf("- duplex >= 90 GB/s: %.1f to %.1f GB/s over the sizes: %s\n", dlo, dhi,
+         dlo >= 90 ? "met at every size" : dhi >= 90 ? "met at some sizes" : "NOT met");
+}
+
+int main(int argc, char **argv) {
+  static const char *const known[] = {"sizes", "total", "max-count", "reps", NULL};
+  bench_env_t env;
+  if (bench_opt_check(argc, argv, known) != SPW_OK || bench_env_init(&env) != SPW_OK) return 2;
+  const int cuda = env.kind == SPW_BACKEND_CUDA;
+  static const uint64_t cuda_sizes[] = {4 * BENCH_KIB,  64 * BENCH_KIB,  BENCH_MIB,
+                                        4 * BENCH_MIB,  16 * BENCH_MIB,  64 * BENCH_MIB,
+                                        256 * BENCH_MIB, BENCH_GIB};
+  static const uint64_t host_sizes[] = {4 * BENCH_KIB,  64 * BENCH_KIB, BENCH_MIB,
+                                        4 * BENCH_MIB, 16 * BENCH_MIB, 64 * BENCH_MIB};
+  uint64_t sizes[BENCH_MAX_LIST], total, max_count, reps;
+  size_t nsizes = 0;
+  if (bench_opt_size_list(argc, argv, "sizes", cuda ? cuda_sizes : host_sizes,
+                          cuda ? 8 : 6, sizes, &nsizes) != SPW_OK ||
+      bench_opt_size(argc, argv, "total", cuda ? BENCH_GIB : 64 * BENCH_MIB, &total) != SPW_OK ||
+      bench_opt_uint(argc, argv, "max-count", cuda ? 65536 : 4096, &max_count) != SPW_OK ||
+      bench_opt_uint(argc, argv, "reps", 3, &reps) != SPW_OK)
+    return 2;
+  if (reps < 1 || reps > 16 || max_count < 2) {
+    fprintf(stderr, "spill_bw: reps must be 1..16 and max-count >= 2\n");
+    return 2;
+  }
+
+  size_t counts[BENCH_MAX_LIST];
+  uint64_t max_ws = 0;
+  for (size_t i = 0; i < nsizes; i++) {
+    if (sizes[i] % 4 != 0) {
+      fprintf(stderr, "spill_bw: sizes must be multiples of 4 bytes\n");
+      return 2;
+    }
+    uint64_t c = total / sizes[i];
+    if (c < 2) c = 2;
+    if (c > max_count) c = max_count;
+    counts[i] = (size_t)c;
+    if (c * sizes[i] > max_ws) max_ws = c * sizes[i];
+  }
+
+  spw_runtime_t *rt = NULL;
+  if (bench_runtime_create(&env, 2 * max_ws + 64 * BENCH_MIB, 2 * max_ws + 256 * BENCH_MIB, NULL,
+                           &rt) != SPW_OK)
+    return 1;
+  ctx_t c = {.env = &env, .rt = rt, .reps = (unsigned)reps};
+  void *dev = NULL, *pinned = NULL;
+  int st = spw_stream_create(rt, &c.s);
+  if (st == SPW_OK) st = spw_stream_create(rt, &c.s2);
+  if (st != SPW_OK) bench_fail(rt, "spw_stream_create", st);
+  if (st == SPW_OK) st = bench_dev_alloc(&env, max_ws, &dev);
+  if (st == SPW_OK) st = bench_pinned_alloc(&env, max_ws, &pinned);
+
+  char tot[32];
+  bench_fmt_size(total, tot, sizeof tot);
+  printf("spill_bw: backend %s, device %s, %s per size (count %" PRIu64 " at most), median of "
+         "%" PRIu64 "\n\n",
+         cuda ? "cuda" : "host", env.device_name, tot, max_count, reps);
+  fflush(stdout);
+
+  result_t res[BENCH_MAX_LIST];
+  memset(res, 0, sizeof res);
+  size_t done = 0;
+  uint64_t bad = 0;
+  for (size_t i = 0; i < nsizes && st == SPW_OK; i++) {
+    res[i].size = sizes[i];
+    res[i].count = counts[i];
+    c.size = sizes[i];
+    c.count = counts[i];
+    c.res = &res[i];
+    char sz[32];
+    bench_fmt_size(sizes[i], sz, sizeof sz);
+    fprintf(stderr, "spill_bw: %s x %zu ...\n", sz, counts[i]);
+    st = run_size(&c, dev, pinned, (uint32_t)(i + 1) << 24);
+    if (st == SPW_OK) done++;
+    bad += res[i].bad;
+  }
+  if (done > 0) print_tables(&env, res, done);
+  unsigned anomalies = 0;
+  for (size_t i = 0; i < done; i++) anomalies += res[i].anomalies;
+  printf("\ndata check: %s (%" PRIu64 " wrong words in the sampled buffers)%s\n",
+         bad == 0 ? "ok" : "FAILED", bad,
+         anomalies ? "; unexpected buffer states or byte counts: see stderr" : "");
+
+  bench_dev_free(&env, dev);
+  bench_pinned_free(&env, pinned, max_ws);
+  int dst = spw_runtime_destroy(rt);
+  if (dst != SPW_OK) bench_fail(NULL, "spw_runtime_destroy", dst);
+  if (st != SPW_OK) fprintf(stderr, "spill_bw: stopped early: %s\n", spw_err_name(st));
+  return st != SPW_OK || dst != SPW_OK || bad != 0 || anomalies != 0 ? 1 : 0;
+}

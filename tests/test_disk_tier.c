@@ -1,0 +1,499 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Behaviour tests of the disk tier, run once per I/O path (CTest sets SPILLWAY_IO=uring or
+ * posix; the config's io field is left 0 so the environment decides): buffers go device ->
+ * host -> disk -> device intact at any size, a spill to the DISK tier skips the host, four
+ * threads under pressure keep every buffer, a failed write or read leaves the buffer
+ * readable where it was, a full file system (a real 16 MiB tmpfs) keeps what does not fit
+ * on the host, and the spill file is never visible in the spill directory.
+ *
+ * A uring run where the kernel refuses io_uring exits 77 (skipped). Failures are injected
+ * with spw__disk_inject_fault (spill/disk_tier.h). Device memory is touched only through
+ * spw_memcpy_async + spw_stream_synchronize, so every test is valid on both backends.
+ * Each test spills into a fresh directory of its own. SPW_TEST_SEED=n replays a run. */
+#include <dirent.h>
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <sys/mount.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "disk_tier.h"
+#include "test_util.h"
+
+#define MIB ((size_t)1 << 20)
+#define PAGE 4096u
+
+#define RUN(test)                                                                            \
+  do {                                                                                       \
+    printf("%s\n", #test);                                                                   \
+    fflush(stdout);                                                                          \
+    test();                                                                                  \
+  } while (0)
+
+static uint64_t seed0;
+
+static uint64_t splitmix(uint64_t *state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
+/* ---- contents: a test_fill template with a stamp per 4 KiB page ---------------------
+ * The stamp names the buffer, the write and the page, so a stale, misplaced or foreign
+ * page shows, while filling and checking cost memcpy / memcmp, not a byte loop. */
+
+#define MAX_BUF (6 * MIB)
+static uint8_t *tmpl;
+
+static void stamp_of(uint8_t out[8], uint64_t version, size_t page) {
+  uint64_t v = version * 0x100000ull + page;
+  memcpy(out, &v, 8);
+}
+
+static void make_contents(uint8_t *dst, size_t n, uint64_t version) {
+  memcpy(dst, tmpl, n);
+  for (size_t off = 0; off + 8 <= n; off += PAGE) stamp_of(dst + off, version, off / PAGE);
+}
+
+static size_t check_contents(const uint8_t *got, size_t n, uint64_t version) {
+  for (size_t off = 0; off < n; off += PAGE) {
+    size_t len = n - off < PAGE ? n - off : PAGE;
+    uint8_t page[PAGE];
+    memcpy(page, tmpl + off, len);
+    if (len >= 8) stamp_of(page, version, off / PAGE);
+    if (memcmp(got + off, page, len) != 0)
+      for (size_t i = 0; i < len; i++)
+        if (got[off + i] != page[i]) return off + i;
+  }
+  return (size_t)-1;
+}
+
+/* ---- helpers ----------------------------------------------------------------------- */
+
+static spw_stats_t stats_of(spw_runtime_t *rt) {
+  spw_stats_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  ASSERT_OK(spw_get_stats(rt, &st));
+  return st;
+}
+
+static spw_state_t state_of(spw_runtime_t *rt, spw_buf_t b) {
+  spw_state_t s = (spw_state_t)0;
+  ASSERT_OK(spw_buf_state(rt, b, &s));
+  return s;
+}
+
+static void make_dir(char *dir) {
+  ASSERT_TRUE(mkdtemp(dir) != NULL);
+}
+
+/* Names in `dir` other than "." and "..". */
+static int entries_in(const char *dir) {
+  DIR *d = opendir(dir);
+  ASSERT_TRUE(d != NULL);
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));)
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+      printf("  unexpected entry in %s: %s\n", dir, e->d_name);
+      n++;
+    }
+  closedir(d);
+  return n;
+}
+
+static spw_runtime_t *disk_runtime(const char *dir, uint64_t device_limit, uint64_t host_limit) {
+  spw_config_t cfg = SPW_CONFIG_INIT; /* cfg.io stays 0: SPILLWAY_IO decides */
+  cfg.spill_dir = dir;
+  cfg.device_limit = device_limit;
+  cfg.host_limit = host_limit;
+  cfg.host_device_bytes = device_limit * 2;
+  return test_runtime(&cfg);
+}
+
+static spw_buf_t filled(spw_runtime_t *rt, spw_stream_t s, size_t n, uint64_t version) {
+  uint8_t *src = malloc(n);
+  ASSERT_TRUE(src != NULL);
+  make_contents(src, n, version);
+  spw_buf_t b;
+  ASSERT_OK(spw_alloc(rt, n, s, &b));
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  ASSERT_OK(spw_memcpy_async(rt, d, src, n, s));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  free(src);
+  return b;
+}
+
+static void expect_contents(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, size_t n,
+                            uint64_t version) {
+  uint8_t *got = malloc(n);
+  ASSERT_TRUE(got != NULL);
+  memset(got, 0, n);
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, SPW_ACQUIRE_READ, &d));
+  ASSERT_OK(spw_memcpy_async(rt, got, d, n, s));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  size_t bad = check_contents(got, n, version);
+  if (bad != (size_t)-1) {
+    fprintf(stderr, "%zu-byte buffer, version %#" PRIx64 ": first bad byte at %zu\n", n, version,
+            bad);
+    ASSERT_TRUE(!"contents wrong after a trip through the disk tier");
+  }
+  free(got);
+}
+
+static void spill_wait(spw_runtime_t *rt, spw_buf_t b, spw_tier_t tier, spw_state_t want) {
+  ASSERT_OK(spw_spill(rt, b, tier));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_EQ(state_of(rt, b), want);
+}
+
+/* ---- tests ------------------------------------------------------------------------- */
+
+static void buffers_go_device_host_disk_device_intact(void) {
+  /* A 4 MiB host tier: spilling more demotes the least recently used to disk. */
+  char dir[] = "/tmp/spw-test-disk-XXXXXX";
+  make_dir(dir);
+  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 4 * MIB);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  uint64_t rng = seed0;
+  size_t sizes[20] = {1, 7, 4095, 4096, 4097, 12345, 1 * MIB + 1};
+  const size_t nb = sizeof sizes / sizeof sizes[0];
+  for (size_t i = 7; i < nb; i++) sizes[i] = 1 + (size_t)(splitmix(&rng) % (3 * MIB / 2));
+  spw_buf_t b[20];
+  for (size_t i = 0; i < nb; i++) {
+    b[i] = filled(rt, s, sizes[i], i);
+    spill_wait(rt, b[i], SPW_TIER_HOST, SPW_STATE_HOST);
+  }
+  int on_disk = 0;
+  for (size_t i = 0; i < nb; i++) {
+    spw_state_t st = state_of(rt, b[i]);
+    ASSERT_TRUE(st == SPW_STATE_HOST || st == SPW_STATE_DISK);
+    on_disk += st == SPW_STATE_DISK;
+  }
+  spw_stats_t st = stats_of(rt);
+  printf("  %d of %zu buffers on disk, %" PRIu64 " demotions\n", on_disk, nb, st.demotions);
+  ASSERT_GT(on_disk, 0);
+  ASSERT_UEQ(st.demotions, (uint64_t)on_disk);
+  ASSERT_LE(st.host_bytes, 4 * MIB);
+  ASSERT_UEQ(st.device_bytes, 0);
+  ASSERT_UEQ(st.failures, 0);
+  for (size_t i = 0; i < nb; i++) expect_contents(rt, b[i], s, sizes[i], i);
+  st = stats_of(rt);
+  ASSERT_UEQ(st.disk_reads, (uint64_t)on_disk);
+  ASSERT_UEQ(st.disk_bytes, 0);
+  for (size_t i = 0; i < nb; i++) ASSERT_OK(spw_free(rt, b[i]));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(rmdir(dir), 0);
+}
+
+static void spill_to_disk_tier_skips_the_host(void) {
+  char dir[] = "/tmp/spw-test-disk-XXXXXX";
+  make_dir(dir);
+  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  /* Several staging chunks and a ragged tail, and less than one page. */
+  const size_t sizes[3] = {5 * MIB + 123, 4095, 2 * MIB};
+  for (int i = 0; i < 3; i++) {
+    const size_t n = sizes[i];
+    spw_buf_t b = filled(rt, s, n, 50 + (uint64_t)i);
+    const spw_stats_t before = stats_of(rt);
+    spill_wait(rt, b, SPW_TIER_DISK, SPW_STATE_DISK);
+    spw_tier_t tier = SPW_TIER_DEVICE;
+    ASSERT_OK(spw_buf_tier(rt, b, &tier));
+    ASSERT_EQ(tier, SPW_TIER_DISK);
+    const spw_stats_t after = stats_of(rt);
+    ASSERT_UEQ(after.disk_bytes, n);
+    ASSERT_UEQ(after.host_bytes, 0);
+    ASSERT_UEQ(after.device_bytes, 0);
+    ASSERT_UEQ(after.demotions, before.demotions); /* never went through the host tier */
+    ASSERT_UEQ(after.spills, before.spills + 1);
+    ASSERT_UEQ(after.disk_writes, before.disk_writes + 1);
+    ASSERT_UEQ(after.disk_write_bytes, before.disk_write_bytes + n);
+    expect_contents(rt, b, s, n, 50 + (uint64_t)i);
+    ASSERT_UEQ(stats_of(rt).disk_reads, before.disk_reads + 1);
+    ASSERT_OK(spw_free(rt, b));
+  }
+  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(rmdir(dir), 0);
+}
+
+/* Four threads, each with its own buffers and stream, in an 8 MiB device / 4 MiB host
+ * budget over about 24 MiB of data: most acquires come from disk. */
+#define DT_THREADS 4
+#define DT_PER_THREAD 12
+#if defined(__SANITIZE_THREAD__)
+#define DT_ROUNDS 15
+#else
+#define DT_ROUNDS 40
+#endif
+
+typedef struct dt_worker {
+  spw_runtime_t *rt;
+  spw_stream_t s;
+  spw_buf_t b[DT_PER_THREAD];
+  size_t n[DT_PER_THREAD];
+  uint64_t version[DT_PER_THREAD];
+  uint64_t rng;
+  int id;
+  uint8_t *readback, *src;
+  pthread_t thread;
+} dt_worker_t;
+
+static void *dt_main(void *arg) {
+  dt_worker_t *w = arg;
+  for (int r = 0; r < DT_ROUNDS; r++) {
+    int i = (int)(splitmix(&w->rng) % DT_PER_THREAD);
+    void *d = NULL;
+    ASSERT_OK(spw_acquire(w->rt, w->b[i], w->s, 0, &d));
+    ASSERT_OK(spw_memcpy_async(w->rt, w->readback, d, w->n[i], w->s));
+    uint64_t nv = w->version[i] + 1;
+    make_contents(w->src, w->n[i], nv);
+    ASSERT_OK(spw_memcpy_async(w->rt, d, w->src, w->n[i], w->s));
+    ASSERT_OK(spw_stream_synchronize(w->rt, w->s));
+    size_t bad = check_contents(w->readback, w->n[i], w->version[i]);
+    if (bad != (size_t)-1) {
+      fprintf(stderr, "thread %d buffer %d (%zu bytes): first bad byte at %zu\n", w->id, i,
+              w->n[i], bad);
+      ASSERT_TRUE(!"contents wrong under disk pressure");
+    }
+    w->version[i] = nv;
+  }
+  return NULL;
+}
+
+static void four_threads_under_pressure_keep_contents(void) {
+  char dir[] = "/tmp/spw-test-disk-XXXXXX";
+  make_dir(dir);
+  spw_runtime_t *rt = disk_runtime(dir, 8 * MIB, 4 * MIB);
+  dt_worker_t w[DT_THREADS];
+  memset(w, 0, sizeof w);
+  for (int t = 0; t < DT_THREADS; t++) {
+    w[t].rt = rt;
+    w[t].id = t;
+    w[t].rng = seed0 * 7 + (uint64_t)t;
+    w[t].readback = malloc(MIB);
+    w[t].src = malloc(MIB);
+    ASSERT_TRUE(w[t].readback && w[t].src);
+    ASSERT_OK(spw_stream_create(rt, &w[t].s));
+    for (int i = 0; i < DT_PER_THREAD; i++) {
+      w[t].n[i] = 4096 + (size_t)(splitmix(&w[t].rng) % (MIB - 4096)); /* rarely page-sized */
+      w[t].version[i] = ((uint64_t)t << 40) | ((uint64_t)i << 24);
+      w[t].b[i] = filled(rt, w[t].s, w[t].n[i], w[t].version[i]);
+    }
+  }
+  for (int t = 0; t < DT_THREADS; t++) ASSERT_EQ(pthread_create(&w[t].thread, NULL, dt_main, &w[t]), 0);
+  for (int t = 0; t < DT_THREADS; t++) ASSERT_EQ(pthread_join(w[t].thread, NULL), 0);
+  /* A background spill may find the host tier momentarily full (its room still on the way
+   * to disk); that is reported, and the buffer stays where it was. */
+  const int idle = spw_wait_idle(rt);
+  ASSERT_TRUE(idle == SPW_OK || idle == SPW_ERR_HOST_OUT_OF_MEMORY);
+  for (int t = 0; t < DT_THREADS; t++)
+    for (int i = 0; i < DT_PER_THREAD; i++)
+      expect_contents(rt, w[t].b[i], w[t].s, w[t].n[i], w[t].version[i]);
+  const spw_stats_t st = stats_of(rt);
+  printf("  %" PRIu64 " spills, %" PRIu64 " demotions, %" PRIu64 " disk reads, %" PRIu64
+         " unspills\n",
+         st.spills, st.demotions, st.disk_reads, st.unspills);
+  ASSERT_GT(st.demotions, 0);
+  ASSERT_GT(st.disk_reads, 0);
+  for (int t = 0; t < DT_THREADS; t++) {
+    for (int i = 0; i < DT_PER_THREAD; i++) ASSERT_OK(spw_free(rt, w[t].b[i]));
+    free(w[t].readback);
+    free(w[t].src);
+  }
+  const spw_stats_t end = stats_of(rt);
+  ASSERT_UEQ(end.disk_bytes, 0);
+  ASSERT_UEQ(end.host_bytes, 0);
+  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(rmdir(dir), 0);
+}
+
+static void write_eio_keeps_buffer_on_host(void) {
+  const size_t n = 3 * MIB + 11;
+  char dir[] = "/tmp/spw-test-disk-XXXXXX";
+  make_dir(dir);
+  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b = filled(rt, s, n, 60);
+  spill_wait(rt, b, SPW_TIER_HOST, SPW_STATE_HOST);
+  const spw_stats_t before = stats_of(rt);
+  spw__disk_inject_fault(rt, SPW_ERR_IO, 1);
+  ASSERT_OK(spw_spill(rt, b, SPW_TIER_DISK));
+  ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_IO);
+  ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
+  const spw_stats_t after = stats_of(rt);
+  ASSERT_UEQ(after.failures, before.failures + 1);
+  ASSERT_UEQ(after.host_bytes, n);
+  ASSERT_UEQ(after.disk_bytes, 0);
+  ASSERT_UEQ(after.demotions, before.demotions);
+  expect_contents(rt, b, s, n, 60);
+  /* The tier still works once the fault is spent. */
+  spill_wait(rt, b, SPW_TIER_DISK, SPW_STATE_DISK);
+  expect_contents(rt, b, s, n, 60);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(rmdir(dir), 0);
+}
+
+static void write_eio_on_direct_spill_keeps_buffer_resident(void) {
+  const size_t n = 5 * MIB - 1;
+  char dir[] = "/tmp/spw-test-disk-XXXXXX";
+  make_dir(dir);
+  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b = filled(rt, s, n, 61);
+  const uint64_t failures = stats_of(rt).failures;
+  spw__disk_inject_fault(rt, SPW_ERR_IO, 1);
+  ASSERT_OK(spw_spill(rt, b, SPW_TIER_DISK));
+  ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_IO);
+  ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT);
+  const spw_stats_t st = stats_of(rt);
+  ASSERT_UEQ(st.failures, failures + 1);
+  ASSERT_UEQ(st.disk_bytes, 0);
+  ASSERT_UEQ(st.device_bytes, n);
+  expect_contents(rt, b, s, n, 61);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(rmdir(dir), 0);
+}
+
+static void read_eio_fails_acquire_and_keeps_buffer_on_disk(void) {
+  const size_t n = 5 * MIB + 3;
+  char dir[] = "/tmp/spw-test-disk-XXXXXX";
+  make_dir(dir);
+  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b = filled(rt, s, n, 62);
+  spill_wait(rt, b, SPW_TIER_DISK, SPW_STATE_DISK);
+  const spw_stats_t before = stats_of(rt);
+  spw__disk_inject_fault(rt, SPW_ERR_IO, 1);
+  void *d = (void *)&d;
+  ASSERT_STATUS(spw_acquire(rt, b, s, 0, &d), SPW_ERR_IO);
+  ASSERT_PTR_EQ(d, (void *)&d);
+  ASSERT_EQ(state_of(rt, b), SPW_STATE_DISK);
+  const spw_stats_t after = stats_of(rt);
+  ASSERT_UEQ(after.failures, before.failures + 1);
+  ASSERT_UEQ(after.device_bytes, before.device_bytes);
+  ASSERT_UEQ(after.disk_bytes, n);
+  expect_contents(rt, b, s, n, 62);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(rmdir(dir), 0);
+}
+
+static void spill_file_is_invisible_and_leaves_no_trace(void) {
+  char dir[] = "/tmp/spw-test-disk-XXXXXX";
+  make_dir(dir);
+  ASSERT_EQ(entries_in(dir), 0);
+  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t direct = filled(rt, s, 3 * MIB + 1, 70);
+  spw_buf_t demoted = filled(rt, s, 100000, 71);
+  spill_wait(rt, direct, SPW_TIER_DISK, SPW_STATE_DISK);
+  spill_wait(rt, demoted, SPW_TIER_HOST, SPW_STATE_HOST);
+  spill_wait(rt, demoted, SPW_TIER_DISK, SPW_STATE_DISK);
+  ASSERT_UEQ(stats_of(rt).disk_bytes, 3 * MIB + 1 + 100000);
+  ASSERT_EQ(entries_in(dir), 0); /* the data is on disk, in a file nobody can name */
+  /* Destroyed with buffers still on disk: nothing is left behind either. */
+  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(entries_in(dir), 0);
+  ASSERT_EQ(rmdir(dir), 0);
+}
+
+static void enospc_on_small_tmpfs_keeps_buffers_on_host(void) {
+  char dir[] = "/tmp/spw-test-tmpfs-XXXXXX";
+  make_dir(dir);
+  /* A private mount namespace when we may have one, so that the mount vanishes with the
+   * process even if an assertion kills it. Best effort: without it, unmounted below. */
+  if (unshare(CLONE_NEWNS) == 0) (void)mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
+  if (mount("tmpfs", dir, "tmpfs", 0, "size=16m,mode=0700") != 0) {
+    printf("  mount tmpfs: %s\n", strerror(errno));
+    rmdir(dir);
+    TEST_SKIP_IF(1, "cannot mount a tmpfs here (needs root)");
+  }
+  const size_t n = 5 * MIB + 1; /* three fit in 16 MiB, five do not */
+  const int nb = 5;
+  spw_runtime_t *rt = disk_runtime(dir, 64 * MIB, 64 * MIB);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b[5];
+  for (int i = 0; i < nb; i++) {
+    b[i] = filled(rt, s, n, 80 + (uint64_t)i);
+    spill_wait(rt, b[i], SPW_TIER_HOST, SPW_STATE_HOST);
+  }
+  for (int i = 0; i < nb; i++) ASSERT_OK(spw_spill(rt, b[i], SPW_TIER_DISK));
+  ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_DISK_FULL);
+  int on_disk = 0, on_host = 0;
+  for (int i = 0; i < nb; i++) {
+    spw_state_t st = state_of(rt, b[i]);
+    on_disk += st == SPW_STATE_DISK;
+    on_host += st == SPW_STATE_HOST;
+  }
+  const spw_stats_t st = stats_of(rt);
+  printf("  %d on disk, %d on host, %" PRIu64 " failures\n", on_disk, on_host, st.failures);
+  ASSERT_EQ(on_disk + on_host, nb);
+  ASSERT_GT(on_disk, 0);
+  ASSERT_GT(on_host, 0);
+  ASSERT_UEQ(st.failures, (uint64_t)on_host);
+  ASSERT_UEQ(st.disk_bytes, (uint64_t)on_disk * n);
+  ASSERT_UEQ(st.host_bytes, (uint64_t)on_host * n);
+  for (int i = 0; i < nb; i++) expect_contents(rt, b[i], s, n, 80 + (uint64_t)i);
+  for (int i = 0; i < nb; i++) ASSERT_OK(spw_free(rt, b[i]));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(entries_in(dir), 0);
+  ASSERT_EQ(umount2(dir, MNT_DETACH), 0);
+  ASSERT_EQ(rmdir(dir), 0);
+}
+
+/* Skips the whole run (77) when SPILLWAY_IO=uring and the kernel refuses io_uring: the
+ * library then reports the disk tier unsupported. Any other failure is a failure. */
+static void skip_if_uring_refused(void) {
+  char dir[] = "/tmp/spw-test-disk-XXXXXX";
+  make_dir(dir);
+  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b = filled(rt, s, 4096, 1);
+  ASSERT_OK(spw_spill(rt, b, SPW_TIER_DISK));
+  const int st = spw_wait_idle(rt);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(rmdir(dir), 0);
+  const char *io = getenv("SPILLWAY_IO");
+  printf("SPILLWAY_IO=%s: disk tier %s\n", io ? io : "(unset)", spw_err_name(st));
+  TEST_SKIP_IF(st == SPW_ERR_UNSUPPORTED && io && strcmp(io, "uring") == 0,
+               "io_uring refused by this kernel");
+  ASSERT_OK(st);
+}
+
+int main(void) {
+  const char *env = getenv("SPW_TEST_SEED");
+  seed0 = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
+  printf("SPW_TEST_SEED=%" PRIu64 "\n", seed0);
+  tmpl = malloc(MAX_BUF);
+  ASSERT_TRUE(tmpl != NULL);
+  test_fill(tmpl, MAX_BUF, seed0);
+  skip_if_uring_refused();
+  RUN(buffers_go_device_host_disk_device_intact);
+  RUN(spill_to_disk_tier_skips_the_host);
+  RUN(four_threads_under_pressure_keep_contents);
+  RUN(write_eio_keeps_buffer_on_host);
+  RUN(write_eio_on_direct_spill_keeps_buffer_resident);
+  RUN(read_eio_fails_acquire_and_keeps_buffer_on_disk);
+  RUN(spill_file_is_invisible_and_leaves_no_trace);
+  /* Last: it may skip the run (no permission to mount), after the others have passed. */
+  RUN(enospc_on_small_tmpfs_keeps_buffers_on_host);
+  free(tmpl);
+  return 0;
+}
