@@ -6,8 +6,8 @@
  * Per size: `count` buffers are allocated and filled with the check pattern, then warmed up
  * (one spill + writable-acquire pass, untimed). Each of `reps` rounds (the median is shown)
  * times, in order:
- *  - spill: spw_spill(all, HOST) + spw_wait_idle (the engine batches the queued spills);
- *  - unspill (prefetch): spw_prefetch(all, stream) + synchronize. A prefetch keeps a clean
+ *  - spill: spw_spill_n(all, HOST) + spw_wait_idle (one batch);
+ *  - unspill (prefetch): spw_prefetch_n(all, stream) + spw_wait_idle (one batch). A prefetch keeps a clean
  *    host copy, so the buffers are then spilled again untimed (moving no bytes) before:
  *  - unspill (acquire): a writable spw_acquire of all + synchronize (which releases them).
  * Raw: one cudaMemcpyAsync per buffer each way and, below 4 MiB, one copy of the whole
@@ -56,23 +56,21 @@ typedef struct ctx {
 
 /* ---- passes over a range of buffers ---- */
 
+/* One request for the whole range: the engine moves it as one batch. */
 static int spill_range(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to) {
-  for (size_t i = from; i < to; i++) {
-    int st = spw_spill(rt, b[i], SPW_TIER_HOST);
-    if (st != SPW_OK) return bench_fail(rt, "spw_spill", st);
-  }
-  int st = spw_wait_idle(rt);
+  int st = spw_spill_n(rt, b + from, to - from, SPW_TIER_HOST);
+  if (st != SPW_OK) return bench_fail(rt, "spw_spill_n", st);
+  st = spw_wait_idle(rt);
   return st != SPW_OK ? bench_fail(rt, "spw_wait_idle (spill)", st) : SPW_OK;
 }
 
 static int prefetch_range(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to,
                           spw_stream_t s) {
-  for (size_t i = from; i < to; i++) {
-    int st = spw_prefetch(rt, b[i], s);
-    if (st != SPW_OK) return bench_fail(rt, "spw_prefetch", st);
-  }
-  int st = spw_stream_synchronize(rt, s);
-  return st != SPW_OK ? bench_fail(rt, "spw_stream_synchronize (prefetch)", st) : SPW_OK;
+  int st = spw_prefetch_n(rt, b + from, to - from, s);
+  if (st != SPW_OK) return bench_fail(rt, "spw_prefetch_n", st);
+  st = spw_wait_idle(rt);
+  if (st == SPW_OK) st = spw_stream_synchronize(rt, s);
+  return st != SPW_OK ? bench_fail(rt, "spw_wait_idle (prefetch)", st) : SPW_OK;
 }
 
 static int acquire_range(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to,

@@ -35,6 +35,32 @@ static void sleep_briefly(void) {
   nanosleep(&ts, NULL);
 }
 
+/* What a buffer on the device needs before this acquire may use it, slot->mu held: the
+ * caller's stream waits for an unspill copy that may still be landing, and a writable
+ * acquire drops the clean host copy (it is about to go stale; a later spill that trusted it
+ * would lose the writes). Returns the word flags to clear. */
+static int prepare_use(spw_runtime_t *rt, spw_slot_t *s, uint64_t w, spw_stream_t bstream,
+                       unsigned flags, uint64_t *clear) {
+  if (w & SPW_W_WAIT) {
+    int q = rt->ops->event_query(rt->be, s->ready);
+    if (q == SPW_OK) {
+      *clear |= SPW_W_WAIT;
+    } else if (q == SPW_ERR_NOT_READY) {
+      int st = rt->ops->stream_wait_event(rt->be, bstream, s->ready);
+      if (st != SPW_OK) return st;
+    } else {
+      return q;
+    }
+  }
+  if ((w & SPW_W_CLEAN) && !(flags & SPW_ACQUIRE_READ)) {
+    /* It may still feed an unspill copy, so it is returned only after the engine's upload
+     * stream passes this point. */
+    spw__host_extent_free_after(rt, &s->host, spw__engine_h2d(rt));
+    *clear |= SPW_W_CLEAN;
+  }
+  return SPW_OK;
+}
+
 /* Slow path, slot->mu held on entry and on return. */
 static int lock_slow(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_t bstream,
                      unsigned flags, void **dptr, spw_state_event_t *ev, int *retry) {
@@ -43,40 +69,25 @@ static int lock_slow(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_t
       (w & SPW_W_FREE_PENDING))
     return SPW_ERR_FREED;
   switch (spw__w_state(w)) {
-  case SPW_STATE_RESIDENT: {
+  case SPW_STATE_RESIDENT:
+  case SPW_STATE_SPILLING: {
     if (spw__w_count(w) >= LOCK_COUNT_MAX) return SPW_ERR_BUSY;
     uint64_t clear = 0;
-    if (w & SPW_W_WAIT) {
-      int q = rt->ops->event_query(rt->be, s->ready);
-      if (q == SPW_OK) {
-        clear |= SPW_W_WAIT;
-      } else if (q == SPW_ERR_NOT_READY) {
-        int st = rt->ops->stream_wait_event(rt->be, bstream, s->ready);
-        if (st != SPW_OK) return st;
-      } else {
-        return q;
+    int st = prepare_use(rt, s, w, bstream, flags, &clear);
+    if (st != SPW_OK) return st;
+    if (spw__w_state(w) == SPW_STATE_SPILLING) {
+      /* The device copy is intact: cancel the spill instead of waiting for it. The spiller
+       * sees the bumped move_seq at commit and throws its host copy away. Nothing but this
+       * thread changes a SPILLING word while mu is held (the count is 0, so no fast path). */
+      s->move_seq++;
+      atomic_store(&s->word, spw__w_with_state(w & ~clear, SPW_STATE_RESIDENT) + 1);
+      atomic_fetch_add(&rt->c.spills_abandoned, 1);
+    } else {
+      /* Fast-path acquirers may race on the count; the state cannot change under mu. */
+      uint64_t cur = atomic_load(&s->word);
+      while (!atomic_compare_exchange_weak(&s->word, &cur, (cur & ~clear) + 1)) {
       }
     }
-    if ((w & SPW_W_CLEAN) && !(flags & SPW_ACQUIRE_READ)) {
-      /* About to be written: the host copy goes stale. It may still feed an unspill copy,
-       * so it is returned only after the engine's upload stream passes this point. */
-      spw__host_extent_free_after(rt, &s->host, spw__engine_h2d(rt));
-      clear |= SPW_W_CLEAN;
-    }
-    /* Fast-path acquirers may race on the count; the state cannot change under mu. */
-    uint64_t cur = atomic_load(&s->word);
-    while (!atomic_compare_exchange_weak(&s->word, &cur, (cur & ~clear) + 1)) {
-    }
-    *dptr = s->dptr;
-    return SPW_OK;
-  }
-  case SPW_STATE_SPILLING: {
-    /* The device copy is intact: cancel the spill instead of waiting for it. The spiller
-     * sees the bumped move_seq at commit and throws its host copy away. */
-    s->move_seq++;
-    uint64_t nw = spw__w_with_state(w, SPW_STATE_RESIDENT) + 1;
-    atomic_store(&s->word, nw);
-    atomic_fetch_add(&rt->c.spills_abandoned, 1);
     *dptr = s->dptr;
     return SPW_OK;
   }
