@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The spill engine's worker: a job queue (explicit spills, prefetches from disk) and the
- * background spiller that keeps device usage under the high watermark. Jobs are taken in
- * bulk, so explicit spills queued together go out as one batch. Background spilling is
- * triggered by a kick from the reservation path and spills down to the low watermark, so
- * that allocations usually find room without spilling on demand. */
+/* The spill engine's workers, one per direction like the copy streams, because the link is
+ * full duplex: the down lane runs spills (explicit ones, and the background spiller that
+ * keeps device usage under the high watermark, down to the low one), the up lane runs
+ * prefetches. Each lane takes its queued jobs in bulk, so requests queued together move as
+ * one batch. Background spilling is triggered by a kick from the reservation path, so that
+ * allocations and prefetches usually find room without spilling on demand. */
 #include <stdlib.h>
 
 #include "disk_tier.h"
@@ -22,13 +23,19 @@ typedef struct job {
   struct job *next;
 } job_t;
 
-struct spw_engine {
+typedef struct lane {
+  spw_runtime_t *rt;
   pthread_t thread;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;      /* worker: jobs, kick or stop */
-  pthread_cond_t idle_cv; /* waiters: queue empty and worker idle */
+  pthread_cond_t cv; /* its worker: jobs, a kick (down lane) or stop */
   job_t *head, *tail;
-  int kicked, busy, stop, started;
+  int busy, started, down;
+} lane_t;
+
+struct spw_engine {
+  pthread_mutex_t mu;     /* guards both lanes' queues and flags */
+  pthread_cond_t idle_cv; /* waiters: both lanes empty and idle */
+  lane_t down, up;
+  int kicked, stop;
   spw_stream_t d2h, h2d;
 };
 
@@ -84,9 +91,23 @@ static void run_spills(spw_runtime_t *rt, job_t *jobs) {
 /* Prefetches: buffers on host go back as one batch; buffers on disk one by one through the
  * staging pipeline. */
 static void run_prefetches(spw_runtime_t *rt, job_t *jobs) {
+  if (!jobs) return;
+  /* Every queued request's host buffers in one batch. */
+  size_t n = 0;
+  for (job_t *j = jobs; j; j = j->next) n += j->n;
+  spw_buf_t *all = jobs && !jobs->next ? jobs->hs : malloc(n * sizeof *all);
+  if (all) {
+    if (all != jobs->hs) {
+      size_t k = 0;
+      for (job_t *j = jobs; j; j = j->next)
+        for (size_t i = 0; i < j->n; i++) all[k++] = j->hs[i];
+    }
+    spw__unspill_host_batch(rt, all, n);
+    if (all != jobs->hs) free(all);
+  } else {
+    for (job_t *j = jobs; j; j = j->next) spw__unspill_host_batch(rt, j->hs, j->n);
+  }
   for (job_t *j = jobs; j; j = j->next) {
-    if (j->kind != JOB_PREFETCH) continue;
-    spw__unspill_host_batch(rt, j->hs, j->n);
     for (size_t i = 0; i < j->n; i++) {
       spw_slot_t *s;
       uint64_t w;
@@ -125,60 +146,79 @@ static void run_background(spw_runtime_t *rt) {
   }
 }
 
+static int lane_has_work(const spw_engine_t *e, const lane_t *l) {
+  return l->head || (l->down && e->kicked);
+}
+
 static void *worker(void *arg) {
-  spw_runtime_t *rt = arg;
+  lane_t *l = arg;
+  spw_runtime_t *rt = l->rt;
   spw_engine_t *e = rt->engine;
   pthread_mutex_lock(&e->mu);
   for (;;) {
-    while (!e->head && !e->kicked && !e->stop) pthread_cond_wait(&e->cv, &e->mu);
-    if (!e->head && !e->kicked && e->stop) break;
-    job_t *jobs = e->head;
-    e->head = e->tail = NULL;
-    e->kicked = 0;
-    e->busy = 1;
+    while (!lane_has_work(e, l) && !e->stop) pthread_cond_wait(&l->cv, &e->mu);
+    if (!lane_has_work(e, l) && e->stop) break;
+    job_t *jobs = l->head;
+    l->head = l->tail = NULL;
+    if (l->down) e->kicked = 0;
+    l->busy = 1;
     pthread_mutex_unlock(&e->mu);
 
-    run_spills(rt, jobs);
-    run_prefetches(rt, jobs);
-    free_jobs(jobs);
-    run_background(rt);
+    if (l->down) {
+      run_spills(rt, jobs);
+      free_jobs(jobs);
+      run_background(rt);
+    } else {
+      run_prefetches(rt, jobs);
+      free_jobs(jobs);
+    }
 
     pthread_mutex_lock(&e->mu);
-    e->busy = 0;
-    if (!e->head) pthread_cond_broadcast(&e->idle_cv);
+    l->busy = 0;
+    pthread_cond_broadcast(&e->idle_cv);
   }
   pthread_mutex_unlock(&e->mu);
   return NULL;
+}
+
+static int start_lane(spw_runtime_t *rt, lane_t *l, int down) {
+  l->rt = rt;
+  l->down = down;
+  pthread_cond_init(&l->cv, NULL);
+  if (pthread_create(&l->thread, NULL, worker, l) != 0) return SPW_ERR_SYSTEM;
+  l->started = 1;
+  return SPW_OK;
 }
 
 int spw__engine_start(spw_runtime_t *rt) {
   spw_engine_t *e = calloc(1, sizeof *e);
   if (!e) return SPW_ERR_SYSTEM;
   pthread_mutex_init(&e->mu, NULL);
-  pthread_cond_init(&e->cv, NULL);
   pthread_cond_init(&e->idle_cv, NULL);
   rt->engine = e;
   int st = rt->ops->stream_create(rt->be, &e->d2h);
   if (st == SPW_OK) st = rt->ops->stream_create(rt->be, &e->h2d);
-  if (st == SPW_OK && pthread_create(&e->thread, NULL, worker, rt) != 0) st = SPW_ERR_SYSTEM;
-  if (st == SPW_OK) e->started = 1;
+  if (st == SPW_OK) st = start_lane(rt, &e->down, 1);
+  if (st == SPW_OK) st = start_lane(rt, &e->up, 0);
   return st; /* on error the caller runs spw__engine_stop */
 }
 
 void spw__engine_stop(spw_runtime_t *rt) {
   spw_engine_t *e = rt->engine;
   if (!e) return;
-  if (e->started) {
-    pthread_mutex_lock(&e->mu);
-    e->stop = 1;
-    pthread_cond_signal(&e->cv);
-    pthread_mutex_unlock(&e->mu);
-    pthread_join(e->thread, NULL);
+  pthread_mutex_lock(&e->mu);
+  e->stop = 1;
+  pthread_cond_signal(&e->down.cv);
+  pthread_cond_signal(&e->up.cv);
+  pthread_mutex_unlock(&e->mu);
+  lane_t *lanes[2] = {&e->down, &e->up};
+  for (int i = 0; i < 2; i++) {
+    if (lanes[i]->started) pthread_join(lanes[i]->thread, NULL);
+    if (lanes[i]->rt) pthread_cond_destroy(&lanes[i]->cv);
   }
   if (e->d2h) rt->ops->stream_destroy(rt->be, e->d2h);
   if (e->h2d) rt->ops->stream_destroy(rt->be, e->h2d);
   pthread_cond_destroy(&e->idle_cv);
-  pthread_cond_destroy(&e->cv);
   pthread_mutex_destroy(&e->mu);
   free(e);
   rt->engine = NULL;
@@ -189,19 +229,20 @@ void spw__engine_kick(spw_runtime_t *rt) {
   pthread_mutex_lock(&e->mu);
   if (!e->kicked) {
     e->kicked = 1;
-    pthread_cond_signal(&e->cv);
+    pthread_cond_signal(&e->down.cv);
   }
   pthread_mutex_unlock(&e->mu);
 }
 
 static int submit(spw_runtime_t *rt, job_t *j) {
   spw_engine_t *e = rt->engine;
+  lane_t *l = j->kind == JOB_SPILL ? &e->down : &e->up;
   pthread_mutex_lock(&e->mu);
   j->next = NULL;
-  if (e->tail) e->tail->next = j;
-  else e->head = j;
-  e->tail = j;
-  pthread_cond_signal(&e->cv);
+  if (l->tail) l->tail->next = j;
+  else l->head = j;
+  l->tail = j;
+  pthread_cond_signal(&l->cv);
   pthread_mutex_unlock(&e->mu);
   return SPW_OK;
 }
@@ -244,6 +285,7 @@ int spw__engine_submit_prefetch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n
 void spw__engine_wait_idle(spw_runtime_t *rt) {
   spw_engine_t *e = rt->engine;
   pthread_mutex_lock(&e->mu);
-  while (e->head || e->busy || e->kicked) pthread_cond_wait(&e->idle_cv, &e->mu);
+  while (e->down.head || e->down.busy || e->kicked || e->up.head || e->up.busy)
+    pthread_cond_wait(&e->idle_cv, &e->mu);
   pthread_mutex_unlock(&e->mu);
 }

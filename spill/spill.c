@@ -73,22 +73,30 @@ size_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, int reason
   spw_stream_t d2h = spw__engine_d2h(rt);
   spw_copy_desc_t *descs = malloc(n * sizeof *descs);
   size_t nd = 0;
-  int st = descs ? SPW_OK : SPW_ERR_SYSTEM;
+  int st = descs ? SPW_OK : SPW_ERR_SYSTEM, landing = 0;
   for (size_t i = 0; i < n && st == SPW_OK; i++) {
     if (v[i].clean) continue;
     v[i].status = spw__host_extent_alloc(rt, v[i].size, &v[i].ext);
     if (v[i].status != SPW_OK) continue;
-    /* A copy back from an earlier unspill may still be landing in this memory. */
-    if (atomic_load(&v[i].s->word) & SPW_W_WAIT) {
-      int ws = rt->ops->stream_wait_event(rt->be, d2h, v[i].s->ready);
-      if (ws != SPW_OK) v[i].status = ws;
-    }
-    if (v[i].status == SPW_OK)
-      descs[nd++] = (spw_copy_desc_t){v[i].ext.ptr, v[i].s->dptr, v[i].size};
+    landing |= v[i].landing;
+    descs[nd++] = (spw_copy_desc_t){v[i].ext.ptr, v[i].s->dptr, v[i].size};
   }
-  if (st != SPW_OK) {
+  if (st == SPW_OK && landing && nd > 0) {
+    /* Copies back from earlier unspills may still be landing in some of this memory. They
+     * all ran on the upload stream, in order, so one wait covers every victim (a wait per
+     * victim costs a microsecond each). */
+    spw_bevent_t *up = NULL;
+    st = spw__event_get(rt, &up);
+    if (st == SPW_OK) st = rt->ops->event_record(rt->be, up, spw__engine_h2d(rt));
+    if (st == SPW_OK) st = rt->ops->stream_wait_event(rt->be, d2h, up);
+    if (up) spw__event_put(rt, up); /* reusable once the wait is enqueued */
+    if (st != SPW_OK)
+      for (size_t i = 0; i < n; i++)
+        if (!v[i].clean && v[i].status == SPW_OK) v[i].status = st;
+  }
+  if (!descs) {
     for (size_t i = 0; i < n; i++) v[i].status = st;
-  } else if (nd > 0) {
+  } else if (nd > 0 && st == SPW_OK) {
     spw_bevent_t *ev = NULL;
     st = rt->ops->copy_batch_async(rt->be, descs, nd, SPW_COPY_D2H, d2h);
     if (st == SPW_OK) st = spw__event_get(rt, &ev);

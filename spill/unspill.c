@@ -209,7 +209,10 @@ size_t spw__unspill_host_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n)
       atomic_store(&s->word, spw__w_with_state(w, SPW_STATE_HOST));
       if (w & SPW_W_FREE_PENDING) spw__buffer_finish_free(rt, s, it[i].h); /* unlocks */
       else pthread_mutex_unlock(&s->mu);
-      if (it[i].status != SPW_OK) atomic_fetch_add(&rt->c.failures, 1);
+      if (it[i].status != SPW_OK) {
+        atomic_fetch_add(&rt->c.failures, 1);
+        spw__set_async_error(rt, it[i].status);
+      }
       continue;
     }
     /* The copy has landed: resident with no WAIT, and the host copy kept as a clean copy. */

@@ -39,21 +39,11 @@ int spw_prefetch(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream) {
   st = spw__handles_lookup(&rt->handles, buf, &s, &w);
   if (st != SPW_OK) return st;
   if (w & SPW_W_FREE_PENDING) return SPW_ERR_FREED;
-  if (spw__w_state(w) == SPW_STATE_DISK || spw__in_callback(rt))
-    return spw__engine_submit_prefetch(rt, &buf, 1, e->bstream);
-  if (spw__w_state(w) != SPW_STATE_HOST) return SPW_OK; /* resident, or on its way */
-  spw_state_event_t ev = {0};
-  void *d;
-  pthread_mutex_lock(&s->mu);
-  w = atomic_load(&s->word);
-  if (spw__w_gen(w) != spw__handle_gen(buf) || (w & SPW_W_FREE_PENDING)) st = SPW_ERR_FREED;
-  else if (spw__w_state(w) == SPW_STATE_HOST)
-    /* Read-only: keep the host copy, so that if the buffer is only read before it is
-     * spilled again, the re-spill moves no bytes. */
-    st = spw__unspill_host(rt, s, buf, e->bstream, SPW_ACQUIRE_READ, 0, &d, &ev);
-  pthread_mutex_unlock(&s->mu);
-  if (ev.buf) spw__notify_state(rt, &ev);
-  return st;
+  uint32_t state = spw__w_state(w);
+  if (state != SPW_STATE_HOST && state != SPW_STATE_DISK) return SPW_OK; /* there, or on its way */
+  /* The engine's upload lane does the work, so making room never blocks the caller, and
+   * prefetches queued together move as one batch. */
+  return spw__engine_submit_prefetch(rt, &buf, 1, e->bstream);
 }
 
 /* Validates every handle of a batch request before anything is queued. */

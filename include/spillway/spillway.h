@@ -323,9 +323,14 @@ SPW_API int spw_release(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream);
  * from a controller callback. */
 SPW_API int spw_spill(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t tier);
 
-/* Starts bringing `buf` back to the device, ordered on `stream`, without locking it; a later
- * acquire finds it resident (or arriving). Errors as for spw_acquire. May be called from a
- * controller callback (from disk, the read then happens on an engine thread). */
+/* Starts bringing `buf` back to the device, without locking it and without blocking the
+ * caller: the engine's upload worker makes room (spilling if it must), copies it back and
+ * marks it resident once the copy has completed, so work on any stream may use it after a
+ * later acquire. Prefetches queued together move as one batch. The host copy is kept as a
+ * clean copy (a re-spill before any write moves no bytes). A buffer already on the device
+ * or on its way is SPW_OK. Completion: spw_wait_idle, or the state / the controller. Errors
+ * as for spw_acquire's validation; a failed prefetch leaves the buffer where it was and is
+ * reported through spw_async_error. May be called from a controller callback. */
 SPW_API int spw_prefetch(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream);
 
 /* spw_spill and spw_prefetch for many buffers in one request: the engine moves them as one
