@@ -53,9 +53,13 @@ static int prepare_use(spw_runtime_t *rt, spw_slot_t *s, uint64_t w, spw_stream_
     }
   }
   if ((w & SPW_W_CLEAN) && !(flags & SPW_ACQUIRE_READ)) {
-    /* It may still feed an unspill copy, so it is returned only after the engine's upload
-     * stream passes this point. */
-    spw__host_extent_free_after(rt, &s->host, spw__engine_h2d(rt));
+    /* While an unspill copy may still read it, it is returned only after the engine's
+     * upload stream passes this point; otherwise at once, so the arena has it back for the
+     * next spill. */
+    if ((w & SPW_W_WAIT) && !(*clear & SPW_W_WAIT))
+      spw__host_extent_free_after(rt, &s->host, spw__engine_h2d(rt));
+    else
+      spw__arena_free(rt->arena, &s->host);
     *clear |= SPW_W_CLEAN;
   }
   return SPW_OK;

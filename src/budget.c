@@ -17,6 +17,9 @@
 #include "completions.h"
 #include "runtime.h"
 
+/* Largest batch of victims committed at once when making room. */
+#define SPW_SPILL_CHUNK_BYTES ((uint64_t)128 << 20)
+
 /* How long an allocation that finds everything locked waits for pending async releases. */
 #define SPW_PENDING_RELEASE_WAIT_NS 2000000000ull
 
@@ -185,13 +188,21 @@ uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, int background) {
   }
   free(c);
   uint64_t moved = 0;
-  if (nv > 0) {
-    spw__spill_batch(rt, v, nv, background ? 2 : 1);
-    /* Only bytes that really left count: failed or abandoned spills freed nothing, and a
-     * caller that keeps asking must see that to stop. */
-    for (size_t i = 0; i < nv; i++)
-      if (v[i].status == SPW_OK) moved += v[i].size;
+  /* Commit in chunks: whoever waits for room (an unspill on the upload worker) can go on as
+   * soon as the first chunk is out instead of after the whole batch, so the two directions
+   * overlap. Small buffers still go many to a chunk. */
+  for (size_t first = 0; first < nv;) {
+    size_t last = first;
+    uint64_t chunk = 0;
+    while (last < nv && (last == first || chunk + v[last].size <= SPW_SPILL_CHUNK_BYTES))
+      chunk += v[last++].size;
+    spw__spill_batch(rt, v + first, last - first, background ? 2 : 1);
+    first = last;
   }
+  /* Only bytes that really left count: failed or abandoned spills freed nothing, and a
+   * caller that keeps asking must see that to stop. */
+  for (size_t i = 0; i < nv; i++)
+    if (v[i].status == SPW_OK) moved += v[i].size;
   free(v);
   return moved;
 }

@@ -19,7 +19,13 @@
 #include "test_util.h"
 
 #define MIB ((size_t)1 << 20)
+/* 64 MiB; a quarter under ThreadSanitizer, whose memcpy checks would otherwise take half a
+ * minute over the gigabytes that four budgets' worth of spilling moves. */
+#if defined(__SANITIZE_THREAD__)
+#define BUDGET (16 * MIB)
+#else
 #define BUDGET (64 * MIB)
+#endif
 #define PAGE 4096u
 
 #define RUN(test)                                                                            \
@@ -237,8 +243,10 @@ static void threads_over_four_times_the_budget_keep_contents(void) {
   ASSERT_OK(spw_stream_create(rt, &s0));
   uint64_t rng = seed0;
 
-  /* Sizes from 64 KiB to 1 MiB, not page multiples, until four budgets are allocated. */
-  size_t cap = 4 * BUDGET / (64 * 1024) + 1, nbufs = 0, total = 0;
+  /* Sizes from 1/1024 to 1/64 of the budget (64 KiB to 1 MiB), not page multiples, until
+   * four budgets are allocated. 32 streams holding the largest locked stay under half. */
+  const size_t lo = BUDGET / 1024, hi = BUDGET / 64;
+  size_t cap = 4 * BUDGET / lo + 1, nbufs = 0, total = 0;
   shared_buf_t *bufs = calloc(cap, sizeof *bufs);
   uint8_t *staging = malloc(MAX_BUF);
   ASSERT_TRUE(bufs && staging);
@@ -246,7 +254,7 @@ static void threads_over_four_times_the_budget_keep_contents(void) {
   monitor_start(&mon, rt);
   while (total < 4 * BUDGET) {
     shared_buf_t *b = &bufs[nbufs];
-    b->n = 64 * 1024 + (size_t)(splitmix(&rng) % (MAX_BUF - 64 * 1024 + 1));
+    b->n = lo + (size_t)(splitmix(&rng) % (hi - lo + 1));
     ASSERT_OK(spw_alloc(rt, b->n, s0, &b->h));
     b->version = (uint64_t)nbufs << 24;
     make_contents(staging, b->n, b->version);
@@ -342,7 +350,7 @@ static void *lock_watch_main(void *arg) {
 }
 
 static void locked_buffer_is_never_moved_under_pressure(void) {
-  const size_t n = 4 * MIB;
+  const size_t n = BUDGET / 16; /* four locked: a quarter of the budget */
   spw_runtime_t *rt = budget_runtime(0, 0);
   spw_stream_t sl, sp;
   ASSERT_OK(spw_stream_create(rt, &sl));
@@ -369,7 +377,7 @@ static void locked_buffer_is_never_moved_under_pressure(void) {
 
   pthread_t watcher;
   ASSERT_EQ(pthread_create(&watcher, NULL, lock_watch_main, &lw), 0);
-  /* Pressure: 40 more buffers of 4 MiB through a 64 MiB budget with 16 MiB of it locked. */
+  /* Pressure: 40 more buffers, 2.5 budgets, with a quarter of the budget locked. */
   spw_buf_t extra[40];
   for (int j = 0; j < 40; j++) {
     ASSERT_OK(spw_alloc(rt, n, sp, &extra[j]));
@@ -417,7 +425,7 @@ static void locked_buffer_is_never_moved_under_pressure(void) {
 /* ---- out of memory when everything is locked ----------------------------------------- */
 
 static void alloc_fails_when_everything_else_is_locked(void) {
-  const size_t n = 20 * MIB; /* three of them: 60 MiB, under the default high watermark */
+  const size_t n = BUDGET / 16 * 5; /* three: 15/16 of the budget, under the 95% watermark */
   spw_runtime_t *rt = budget_runtime(0, 0);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
@@ -430,7 +438,7 @@ static void alloc_fails_when_everything_else_is_locked(void) {
   const spw_stats_t before = stats_of(rt);
   ASSERT_UEQ(before.locked_bytes, 3 * n);
   spw_buf_t extra = (spw_buf_t)0x1234;
-  ASSERT_STATUS(spw_alloc(rt, 8 * MIB, s, &extra), SPW_ERR_OUT_OF_MEMORY);
+  ASSERT_STATUS(spw_alloc(rt, BUDGET / 8, s, &extra), SPW_ERR_OUT_OF_MEMORY);
   ASSERT_UEQ(extra, 0x1234);
   const char *msg = spw_last_error(rt);
   printf("  spw_last_error: %s\n", msg);
@@ -446,7 +454,7 @@ static void alloc_fails_when_everything_else_is_locked(void) {
 
   /* One buffer unlocked is enough room: it is spilled and the allocation goes through. */
   ASSERT_OK(spw_release(rt, b[1], s));
-  ASSERT_OK(spw_alloc(rt, 8 * MIB, s, &extra));
+  ASSERT_OK(spw_alloc(rt, BUDGET / 8, s, &extra));
   ASSERT_EQ(state_of(rt, b[1]), SPW_STATE_HOST);
   ASSERT_OK(spw_stream_synchronize(rt, s));
   ASSERT_OK(spw_free(rt, extra));
