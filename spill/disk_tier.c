@@ -19,7 +19,9 @@
  * landed (seen as stale or foreign pages under concurrent disk reads). Two pipelines need
  * completions routed to their owner first. */
 #define SPW_DISK_PIPES 1
-#define SPW_DISK_SLOTS 4
+/* Many moderate requests in flight suit NVMe better than a few large ones (raw io_uring
+ * peaks at queue depth 16 with 1 MiB blocks on the reference machine). */
+#define SPW_DISK_SLOTS 16
 
 typedef struct pipe {
   int busy;
@@ -68,7 +70,7 @@ static int create_disk(spw_runtime_t *rt, struct spw_disk **out) {
   if (!d) return SPW_ERR_SYSTEM;
   pthread_mutex_init(&d->mu, NULL);
   pthread_cond_init(&d->cv, NULL);
-  d->chunk = rt->kind == SPW_BACKEND_HOST ? (size_t)2 << 20 : (size_t)8 << 20;
+  d->chunk = (size_t)2 << 20;
   int st = spw__spill_file_open(rt->settings.spill_dir, rt->settings.disk_limit, 0, disk_log, rt,
                                 &d->file);
   if (st == SPW_OK) {

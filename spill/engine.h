@@ -41,6 +41,7 @@ typedef struct spw_victim {
   uint32_t seq;  /* move_seq when claimed */
   int clean;     /* it had a clean host copy: nothing to copy */
   int landing;   /* an unspill copy into it may still be in flight (WAIT when claimed) */
+  int to_disk;   /* no host memory for it: it goes straight to disk instead */
   spw_host_extent_t ext;
   int status;
 } spw_victim_t;

@@ -9,6 +9,7 @@
  * thrown away. On a failed copy every victim of the batch stays RESIDENT. */
 #include <stdlib.h>
 
+#include "disk_tier.h"
 #include "engine.h"
 
 int spw__victim_claim(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_victim_t *v) {
@@ -24,6 +25,7 @@ int spw__victim_claim(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_victim_
     v->seq = s->move_seq;
     v->clean = (w & SPW_W_CLEAN) != 0;
     v->landing = (w & SPW_W_WAIT) != 0;
+    v->to_disk = 0;
     v->ext = (spw_host_extent_t){0};
     v->status = SPW_OK;
     atomic_fetch_add(&rt->spilling_bytes, v->size);
@@ -68,20 +70,88 @@ static int commit(spw_runtime_t *rt, spw_victim_t *v, spw_stream_t d2h) {
   return 1; /* the caller gives the device bytes back, once for the whole batch */
 }
 
+/* A sub-batch: its victims, their descriptors and the event its copy completes. */
+typedef struct part {
+  size_t first, count;
+  int status;
+  int copied; /* its copy was enqueued */
+  spw_bevent_t *ev;
+} part_t;
+
+/* Prepares victims [p->first, p->first + count): host extents and descriptors. */
+static size_t prepare(spw_runtime_t *rt, spw_victim_t *v, const part_t *p, spw_copy_desc_t *descs) {
+  size_t nd = 0;
+  for (size_t i = p->first; i < p->first + p->count; i++) {
+    if (v[i].clean || v[i].status != SPW_OK) continue;
+    v[i].status = spw__host_extent_alloc(rt, v[i].size, &v[i].ext);
+    if (v[i].status == SPW_ERR_HOST_OUT_OF_MEMORY && spw__disk_open(rt) == SPW_OK) {
+      /* Host memory is full and demotion could not free enough: the device still needs the
+       * room, so this one skips the host tier. */
+      v[i].to_disk = 1;
+      v[i].status = SPW_OK;
+      continue;
+    }
+    if (v[i].status == SPW_OK) descs[nd++] = (spw_copy_desc_t){v[i].ext.ptr, v[i].s->dptr, v[i].size};
+  }
+  return nd;
+}
+
+/* Waits for a sub-batch's copy, then commits its victims; returns the device bytes freed. */
+static uint64_t finish(spw_runtime_t *rt, spw_victim_t *v, part_t *p, spw_stream_t d2h,
+                       uint64_t *moved_bytes, size_t *moved, int reason) {
+  int st = p->status;
+  if (p->ev) {
+    if (st == SPW_OK) st = rt->ops->event_sync(rt->be, p->ev);
+    spw__event_put(rt, p->ev);
+    p->ev = NULL;
+  }
+  /* A copy enqueued without a usable event may still be writing the host extents that a
+   * failed commit returns: let it finish first. */
+  if (st != SPW_OK && p->copied) rt->ops->stream_sync(rt->be, d2h);
+  uint64_t released = 0, out = 0;
+  for (size_t i = p->first; i < p->first + p->count; i++) {
+    if (v[i].to_disk) {
+      /* Commits, accounts and reports itself (through the staging pipeline). */
+      v[i].status = spw__spill_to_disk(rt, &v[i]);
+      continue;
+    }
+    if (st != SPW_OK && !v[i].clean && v[i].status == SPW_OK) v[i].status = st;
+    int ok = commit(rt, &v[i], d2h);
+    out += v[i].size;
+    if (ok) {
+      (*moved)++;
+      released += v[i].size;
+      if (!v[i].clean) *moved_bytes += v[i].size;
+      else atomic_fetch_add(&rt->c.clean_respills, 1);
+    } else if (v[i].status != SPW_ERR_BUSY && v[i].status != SPW_ERR_FREED) {
+      atomic_fetch_add(&rt->c.failures, 1);
+      if (reason != 1) spw__set_async_error(rt, v[i].status);
+    }
+  }
+  /* Give the room back now, not at the end of the whole batch: whoever waits for it goes on
+   * while the next sub-batch is still copying. */
+  atomic_fetch_sub(&rt->device_used, released);
+  atomic_fetch_sub(&rt->spilling_bytes, out);
+  pthread_mutex_lock(&rt->budget_mu);
+  pthread_cond_broadcast(&rt->budget_cv);
+  pthread_mutex_unlock(&rt->budget_mu);
+  return released;
+}
+
+/* Victims per sub-batch: enough to amortize a launch and an event, few enough that the CPU
+ * work of one sub-batch (extents, commits: a few hundred ns per victim) hides behind the
+ * copy of the previous one. */
+#define PART_VICTIMS 2048
+
 size_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, int reason) {
   uint64_t t0 = spw__now_ns();
   spw_stream_t d2h = spw__engine_d2h(rt);
-  spw_copy_desc_t *descs = malloc(n * sizeof *descs);
-  size_t nd = 0;
-  int st = descs ? SPW_OK : SPW_ERR_SYSTEM, landing = 0;
-  for (size_t i = 0; i < n && st == SPW_OK; i++) {
-    if (v[i].clean) continue;
-    v[i].status = spw__host_extent_alloc(rt, v[i].size, &v[i].ext);
-    if (v[i].status != SPW_OK) continue;
-    landing |= v[i].landing;
-    descs[nd++] = (spw_copy_desc_t){v[i].ext.ptr, v[i].s->dptr, v[i].size};
-  }
-  if (st == SPW_OK && landing && nd > 0) {
+  size_t cap = n < PART_VICTIMS ? n : PART_VICTIMS;
+  spw_copy_desc_t *descs = malloc(cap * sizeof *descs);
+  int st = descs ? SPW_OK : SPW_ERR_SYSTEM;
+  int landing = 0;
+  for (size_t i = 0; i < n; i++) landing |= !v[i].clean && v[i].landing;
+  if (st == SPW_OK && landing) {
     /* Copies back from earlier unspills may still be landing in some of this memory. They
      * all ran on the upload stream, in order, so one wait covers every victim (a wait per
      * victim costs a microsecond each). */
@@ -90,47 +160,32 @@ size_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, int reason
     if (st == SPW_OK) st = rt->ops->event_record(rt->be, up, spw__engine_h2d(rt));
     if (st == SPW_OK) st = rt->ops->stream_wait_event(rt->be, d2h, up);
     if (up) spw__event_put(rt, up); /* reusable once the wait is enqueued */
-    if (st != SPW_OK)
-      for (size_t i = 0; i < n; i++)
-        if (!v[i].clean && v[i].status == SPW_OK) v[i].status = st;
   }
-  if (!descs) {
-    for (size_t i = 0; i < n; i++) v[i].status = st;
-  } else if (nd > 0 && st == SPW_OK) {
-    spw_bevent_t *ev = NULL;
-    st = rt->ops->copy_batch_async(rt->be, descs, nd, SPW_COPY_D2H, d2h);
-    if (st == SPW_OK) st = spw__event_get(rt, &ev);
-    if (st == SPW_OK) st = rt->ops->event_record(rt->be, ev, d2h);
-    if (st == SPW_OK) st = rt->ops->event_sync(rt->be, ev);
-    if (ev) spw__event_put(rt, ev);
-    if (st != SPW_OK)
-      for (size_t i = 0; i < n; i++)
-        if (!v[i].clean && v[i].status == SPW_OK) v[i].status = st;
+  if (st != SPW_OK)
+    for (size_t i = 0; i < n; i++)
+      if (!v[i].clean) v[i].status = st;
+
+  size_t moved = 0;
+  uint64_t moved_bytes = 0;
+  part_t prev = {0}, cur = {0};
+  int have_prev = 0;
+  for (size_t first = 0; first < n; first += cap) {
+    cur = (part_t){.first = first, .count = n - first < cap ? n - first : cap, .status = SPW_OK};
+    size_t nd = descs ? prepare(rt, v, &cur, descs) : 0;
+    if (nd > 0) {
+      cur.status = rt->ops->copy_batch_async(rt->be, descs, nd, SPW_COPY_D2H, d2h);
+      cur.copied = cur.status == SPW_OK;
+      if (cur.status == SPW_OK) cur.status = spw__event_get(rt, &cur.ev);
+      if (cur.status == SPW_OK) cur.status = rt->ops->event_record(rt->be, cur.ev, d2h);
+    }
+    if (have_prev) finish(rt, v, &prev, d2h, &moved_bytes, &moved, reason);
+    prev = cur;
+    have_prev = 1;
   }
+  if (have_prev) finish(rt, v, &prev, d2h, &moved_bytes, &moved, reason);
   free(descs);
 
   uint64_t dt = spw__now_ns() - t0;
-  size_t moved = 0;
-  uint64_t moved_bytes = 0, spilling_done = 0, released = 0;
-  for (size_t i = 0; i < n; i++) {
-    int ok = commit(rt, &v[i], d2h);
-    spilling_done += v[i].size;
-    if (ok) {
-      moved++;
-      released += v[i].size;
-      if (!v[i].clean) moved_bytes += v[i].size;
-      else atomic_fetch_add(&rt->c.clean_respills, 1);
-    } else if (v[i].status != SPW_ERR_BUSY && v[i].status != SPW_ERR_FREED) {
-      atomic_fetch_add(&rt->c.failures, 1);
-      if (reason != 1) spw__set_async_error(rt, v[i].status);
-    }
-  }
-  atomic_fetch_sub(&rt->device_used, released);
-  atomic_fetch_sub(&rt->spilling_bytes, spilling_done);
-  pthread_mutex_lock(&rt->budget_mu);
-  pthread_cond_broadcast(&rt->budget_cv);
-  pthread_mutex_unlock(&rt->budget_mu);
-
   atomic_fetch_add(&rt->c.spills, moved);
   atomic_fetch_add(&rt->c.spill_bytes, moved_bytes);
   atomic_fetch_add(&rt->c.spill_ns, dt);
@@ -138,15 +193,15 @@ size_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, int reason
   if (reason == 2) atomic_fetch_add(&rt->c.spills_background, moved);
 
   for (size_t i = 0; i < n; i++) {
-    if (v[i].status == SPW_ERR_FREED) continue;
+    if (v[i].status == SPW_ERR_FREED || v[i].status == SPW_ERR_BUSY) continue; /* never left */
+    if (v[i].to_disk) continue; /* reported by spw__spill_to_disk */
     int ok = v[i].status == SPW_OK;
     spw_state_event_t ev = {.buf = v[i].h,
                             .from = SPW_STATE_RESIDENT,
                             .to = ok ? SPW_STATE_HOST : SPW_STATE_RESIDENT,
                             .bytes = ok && !v[i].clean ? v[i].size : 0,
                             .duration_ns = dt,
-                            .status = v[i].status == SPW_ERR_BUSY ? SPW_OK : v[i].status};
-    if (v[i].status == SPW_ERR_BUSY) continue; /* abandoned: it never left */
+                            .status = v[i].status};
     spw__notify_state(rt, &ev);
   }
   return moved;

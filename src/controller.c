@@ -19,12 +19,13 @@ int spw_set_controller(spw_runtime_t *rt, const spw_controller_t *controller, vo
     rt->ctl.struct_size = sizeof rt->ctl;
   }
   rt->ctl_user = user;
-  rt->has_ctl = controller != NULL;
+  atomic_store_explicit(&rt->has_ctl, controller != NULL, memory_order_release);
   pthread_mutex_unlock(&rt->ctl_mu);
   return SPW_OK;
 }
 
 static int snapshot(spw_runtime_t *rt, spw_controller_t *c, void **user) {
+  if (!atomic_load_explicit(&rt->has_ctl, memory_order_acquire)) return 0;
   pthread_mutex_lock(&rt->ctl_mu);
   int has = rt->has_ctl;
   if (has) {

@@ -25,6 +25,7 @@
 
 typedef struct slab {
   uint8_t *base;
+  size_t bytes;
   uint32_t cls;
   uint32_t free_blocks, blocks;
 } slab_t;
@@ -35,7 +36,7 @@ struct spw_dpool {
   size_t nfree[NCLASSES], cap[NCLASSES];
   slab_t *slabs; /* sorted by base, for block -> slab lookup */
   size_t nslabs, slab_cap;
-  size_t slab_bytes;
+  size_t slab_max; /* the largest slab: a small fraction of the budget */
   uint64_t slab_total;
 };
 
@@ -49,10 +50,10 @@ int spw__dpool_create(spw_runtime_t *rt, spw_dpool_t **out) {
   spw_dpool_t *p = calloc(1, sizeof *p);
   if (!p) return SPW_ERR_SYSTEM;
   pthread_mutex_init(&p->mu, NULL);
-  /* Slabs are a small fraction of the budget so that the pool never holds much more than
-   * the buffers need. */
-  p->slab_bytes = SPW_DPOOL_SLAB;
-  while (p->slab_bytes > (size_t)2 << 20 && p->slab_bytes * 16 > rt->device_limit) p->slab_bytes /= 2;
+  /* The pool holds memory the budget does not see (free blocks of partly used slabs), so a
+   * slab is a small fraction of the budget: at most 1/32 of it, 16 blocks when that fits. */
+  p->slab_max = SPW_DPOOL_SLAB;
+  while (p->slab_max > ((size_t)64 << 10) && p->slab_max * 32 > rt->device_limit) p->slab_max /= 2;
   *out = p;
   return SPW_OK;
 }
@@ -76,7 +77,7 @@ static slab_t *slab_of(spw_dpool_t *p, const void *ptr) {
   }
   if (lo == 0) return NULL;
   slab_t *s = &p->slabs[lo - 1];
-  return b < s->base + p->slab_bytes ? s : NULL;
+  return b < s->base + s->bytes ? s : NULL;
 }
 
 static int push_free(spw_dpool_t *p, uint32_t c, void *ptr) {
@@ -93,12 +94,14 @@ static int push_free(spw_dpool_t *p, uint32_t c, void *ptr) {
 
 /* A new slab for class c; called without p->mu (it synchronizes a stream). */
 static int grow(spw_runtime_t *rt, spw_dpool_t *p, uint32_t c) {
+  size_t block = (size_t)1 << (MIN_SHIFT + c);
+  size_t bytes = block * 16 < p->slab_max ? p->slab_max : block * 16;
+  while (bytes > p->slab_max && bytes > block) bytes /= 2; /* a small budget: fewer blocks */
   void *base;
-  int st = rt->ops->alloc_async(rt->be, p->slab_bytes, rt->null_bstream, &base);
+  int st = rt->ops->alloc_async(rt->be, bytes, rt->null_bstream, &base);
   if (st == SPW_OK) st = rt->ops->stream_sync(rt->be, rt->null_bstream);
   if (st != SPW_OK) return st;
-  size_t block = (size_t)1 << (MIN_SHIFT + c);
-  uint32_t blocks = (uint32_t)(p->slab_bytes / block);
+  uint32_t blocks = (uint32_t)(bytes / block);
   pthread_mutex_lock(&p->mu);
   if (p->nslabs == p->slab_cap) {
     size_t cap = p->slab_cap ? p->slab_cap * 2 : 16;
@@ -114,9 +117,9 @@ static int grow(spw_runtime_t *rt, spw_dpool_t *p, uint32_t c) {
   size_t at = 0;
   while (at < p->nslabs && p->slabs[at].base < (uint8_t *)base) at++;
   memmove(&p->slabs[at + 1], &p->slabs[at], (p->nslabs - at) * sizeof *p->slabs);
-  p->slabs[at] = (slab_t){base, c, blocks, blocks};
+  p->slabs[at] = (slab_t){base, bytes, c, blocks, blocks};
   p->nslabs++;
-  p->slab_total += p->slab_bytes;
+  p->slab_total += bytes;
   for (uint32_t i = blocks; i-- > 0;) {
     if (push_free(p, c, (uint8_t *)base + (size_t)i * block) != SPW_OK) {
       /* Blocks not listed are simply never handed out; the slab is still freed at destroy. */
@@ -205,14 +208,14 @@ uint64_t spw__dpool_trim(spw_runtime_t *rt) {
     size_t k = 0;
     for (size_t j = 0; j < p->nfree[s.cls]; j++) {
       uint8_t *b = p->free[s.cls][j];
-      if (b < s.base || b >= s.base + p->slab_bytes) p->free[s.cls][k++] = b;
+      if (b < s.base || b >= s.base + s.bytes) p->free[s.cls][k++] = b;
     }
     p->nfree[s.cls] = k;
     memmove(&p->slabs[i], &p->slabs[i + 1], (p->nslabs - i - 1) * sizeof *p->slabs);
     p->nslabs--;
-    p->slab_total -= p->slab_bytes;
+    p->slab_total -= s.bytes;
     rt->ops->free_async(rt->be, s.base, rt->null_bstream);
-    released += p->slab_bytes;
+    released += s.bytes;
   }
   pthread_mutex_unlock(&p->mu);
   return released;

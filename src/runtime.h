@@ -95,7 +95,7 @@ struct spw_runtime {
   pthread_mutex_t ctl_mu;
   spw_controller_t ctl;
   void *ctl_user;
-  int has_ctl;
+  atomic_int has_ctl; /* read without ctl_mu first: no controller costs no lock per event */
 
   pthread_key_t tls_key;
   pthread_mutex_t tls_mu;
