@@ -15,6 +15,15 @@
  * other half are prefetched, from two threads, against raw D2H and H2D of the same pieces on
  * two streams from two threads.
  *
+ * Small-buffer variants (cuda only, sizes below 1 MiB), both directions over the raw
+ * buffers, each timed with CUDA events on one stream (warm-up, then the median of `reps`):
+ * one cudaMemcpyAsync per buffer; one cudaMemcpyBatchAsync of all of them; a gather kernel
+ * into a device staging buffer plus one copy of it to pinned memory (up: one copy into the
+ * staging buffer plus a scatter kernel). The raw device region holds a pattern before the
+ * D2H passes and the pinned region another before the H2D passes; a sample of destination
+ * buffers is poisoned before each variant and compared with the pattern after it. They are
+ * printed in a second table next to Spillway's spill and prefetch.
+ *
  * Every timed pass is checked: after a spill all buffers must be on host and the spill byte
  * counter must have grown by the working set; after an unspill all must be resident. At the
  * end of each size a sample of buffers is read back and compared word for word with the
@@ -33,11 +42,26 @@
 
 #include "bench_common.h"
 
+#ifdef SPW_BENCH_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
+#include "bench_kernels.h"
+
+/* The ways spill_bw moves many small buffers itself, in table order. */
+enum { SMALL_MEMCPY, SMALL_BATCH, SMALL_GATHER, SMALL_NVAR };
+static const char *const small_name[SMALL_NVAR] = {"per-buffer memcpy", "cudaMemcpyBatchAsync",
+                                                   "gather+copy"};
+#define SMALL_MAX_SIZE BENCH_MIB /* variants run below this buffer size */
+#endif
+
 typedef struct result {
   uint64_t size;
   size_t count;
   double spill, raw_d2h, prefetch, raw_h2d, acquire, big_d2h, big_h2d;
   double duplex, raw_duplex;
+#ifdef SPW_BENCH_HAVE_CUDA
+  double small_d2h[SMALL_NVAR], small_h2d[SMALL_NVAR]; /* 0: not measured */
+#endif
   uint64_t arena_before; /* pinned arena bytes mapped when the first timed spill started */
   uint64_t bad;          /* wrong words in the checked sample */
   unsigned anomalies;    /* passes whose end state or byte count was not as expected */
@@ -150,6 +174,238 @@ static int measure_raw(ctx_t *c, void *dev, void *pinned) {
   return st;
 }
 
+#ifdef SPW_BENCH_HAVE_CUDA
+/* ---- small-buffer variants (raw, cuda only) ---- */
+
+/* Buffer i is dev + i*size on the device and pinned + i*size on the host, as in the raw
+ * columns; the staging buffer has the same layout, so one copy of it lands every buffer at
+ * its place in the pinned region. */
+typedef struct small_ctx {
+  cudaStream_t s;
+  cudaEvent_t e0, e1;
+  char *dev, *pinned, *staging;
+  size_t size, count;
+  void **dptr, **hptr; /* per-buffer addresses, for cudaMemcpyBatchAsync */
+  size_t *sizes;
+  bench_copy_desc_t *gather, *scatter; /* device memory */
+  uint32_t *check;                     /* host scratch holding one buffer read back */
+} small_ctx_t;
+
+static int cuda_err(const char *what, cudaError_t e) {
+  if (e == cudaSuccess) return SPW_OK;
+  fprintf(stderr, "spill_bw: %s: %s: %s\n", what, cudaGetErrorName(e), cudaGetErrorString(e));
+  return SPW_ERR_CUDA;
+}
+
+static int small_setup(const bench_env_t *env, small_ctx_t *x, void *dev, void *pinned,
+                       uint64_t size, size_t count) {
+  memset(x, 0, sizeof *x);
+  x->dev = dev;
+  x->pinned = pinned;
+  x->size = (size_t)size;
+  x->count = count;
+  const size_t ws = x->size * count, dn = count * sizeof(bench_copy_desc_t);
+  int st = cuda_err("cudaSetDevice", cudaSetDevice(env->device));
+  if (st == SPW_OK)
+    st = cuda_err("cudaStreamCreateWithFlags",
+                  cudaStreamCreateWithFlags(&x->s, cudaStreamNonBlocking));
+  if (st == SPW_OK) st = cuda_err("cudaEventCreate", cudaEventCreate(&x->e0));
+  if (st == SPW_OK) st = cuda_err("cudaEventCreate", cudaEventCreate(&x->e1));
+  if (st == SPW_OK) st = cuda_err("cudaMalloc (staging)", cudaMalloc((void **)&x->staging, ws));
+  if (st == SPW_OK) st = cuda_err("cudaMalloc (gather)", cudaMalloc((void **)&x->gather, dn));
+  if (st == SPW_OK) st = cuda_err("cudaMalloc (scatter)", cudaMalloc((void **)&x->scatter, dn));
+  if (st != SPW_OK) return st;
+  x->dptr = malloc(count * sizeof *x->dptr);
+  x->hptr = malloc(count * sizeof *x->hptr);
+  x->sizes = malloc(count * sizeof *x->sizes);
+  x->check = malloc(x->size);
+  bench_copy_desc_t *g = malloc(dn), *sc = malloc(dn);
+  if (!x->dptr || !x->hptr || !x->sizes || !x->check || !g || !sc) {
+    free(g);
+    free(sc);
+    fprintf(stderr, "spill_bw: out of host memory for the small-buffer variants\n");
+    return SPW_ERR_SYSTEM;
+  }
+  for (size_t i = 0; i < count; i++) {
+    x->dptr[i] = x->dev + i * x->size;
+    x->hptr[i] = x->pinned + i * x->size;
+    x->sizes[i] = x->size;
+    g[i] = (bench_copy_desc_t){x->staging + i * x->size, x->dptr[i], x->size};
+    sc[i] = (bench_copy_desc_t){x->dptr[i], x->staging + i * x->size, x->size};
+  }
+  /* Uploaded once, outside every timing: a real gather would keep its list on the device. */
+  st = cuda_err("cudaMemcpy (gather list)", cudaMemcpy(x->gather, g, dn, cudaMemcpyHostToDevice));
+  if (st == SPW_OK)
+    st = cuda_err("cudaMemcpy (scatter list)",
+                  cudaMemcpy(x->scatter, sc, dn, cudaMemcpyHostToDevice));
+  free(g);
+  free(sc);
+  return st;
+}
+
+/* Waits for what is queued (a failed pass may leave copies in flight), then frees. */
+static int small_teardown(small_ctx_t *x) {
+  int st = SPW_OK, k;
+  if (x->s) st = cuda_err("cudaStreamSynchronize", cudaStreamSynchronize(x->s));
+  if (x->staging && (k = cuda_err("cudaFree (staging)", cudaFree(x->staging))) && !st) st = k;
+  if (x->gather && (k = cuda_err("cudaFree (gather)", cudaFree(x->gather))) && !st) st = k;
+  if (x->scatter && (k = cuda_err("cudaFree (scatter)", cudaFree(x->scatter))) && !st) st = k;
+  if (x->e0 && (k = cuda_err("cudaEventDestroy", cudaEventDestroy(x->e0))) && !st) st = k;
+  if (x->e1 && (k = cuda_err("cudaEventDestroy", cudaEventDestroy(x->e1))) && !st) st = k;
+  if (x->s && (k = cuda_err("cudaStreamDestroy", cudaStreamDestroy(x->s))) && !st) st = k;
+  free(x->dptr);
+  free(x->hptr);
+  free(x->sizes);
+  free(x->check);
+  memset(x, 0, sizeof *x);
+  return st;
+}
+
+/* Enqueues one pass of variant `v` over all buffers, device to host when `down`. */
+static int small_enqueue(small_ctx_t *x, int v, int down) {
+  const size_t ws = x->size * x->count;
+  if (v == SMALL_MEMCPY) {
+    for (size_t i = 0; i < x->count; i++) {
+      cudaError_t e = down ? cudaMemcpyAsync(x->hptr[i], x->dptr[i], x->size,
+                                             cudaMemcpyDefault, x->s)
+                           : cudaMemcpyAsync(x->dptr[i], x->hptr[i], x->size,
+                                             cudaMemcpyDefault, x->s);
+      if (e != cudaSuccess) return cuda_err("cudaMemcpyAsync", e);
+    }
+    return SPW_OK;
+  }
+  if (v == SMALL_BATCH) {
+    int devid = 0;
+    int st = cuda_err("cudaGetDevice", cudaGetDevice(&devid));
+    if (st != SPW_OK) return st;
+    /* The location hints only matter for managed or pageable memory; they are stated so
+     * the attribute describes these copies exactly. */
+    struct cudaMemLocation on_dev = {cudaMemLocationTypeDevice, devid};
+    struct cudaMemLocation on_host = {cudaMemLocationTypeHost, 0};
+    struct cudaMemcpyAttributes attr;
+    memset(&attr, 0, sizeof attr);
+    attr.srcAccessOrder = cudaMemcpySrcAccessOrderStream;
+    attr.srcLocHint = down ? on_dev : on_host;
+    attr.dstLocHint = down ? on_host : on_dev;
+    attr.flags = cudaMemcpyFlagDefault;
+    size_t first = 0;
+    void **dst = down ? x->hptr : x->dptr, **src = down ? x->dptr : x->hptr;
+    return cuda_err("cudaMemcpyBatchAsync",
+                    cudaMemcpyBatchAsync(dst, (const void *const *)src, x->sizes, x->count,
+                                         &attr, &first, 1, x->s));
+  }
+  if (down) {
+    int e = bench_cuda_copy_desc(x->gather, x->count, x->s);
+    if (e != 0) return cuda_err("gather kernel", (cudaError_t)e);
+    return cuda_err("cudaMemcpyAsync (staging to pinned)",
+                    cudaMemcpyAsync(x->pinned, x->staging, ws, cudaMemcpyDefault, x->s));
+  }
+  int st = cuda_err("cudaMemcpyAsync (pinned to staging)",
+                    cudaMemcpyAsync(x->staging, x->pinned, ws, cudaMemcpyDefault, x->s));
+  if (st != SPW_OK) return st;
+  int e = bench_cuda_copy_desc(x->scatter, x->count, x->s);
+  return e == 0 ? SPW_OK : cuda_err("scatter kernel", (cudaError_t)e);
+}
+
+/* Pass 0 warms up untimed; each later one is bracketed by events on the stream. */
+static int small_time(small_ctx_t *x, int v, int down, unsigned reps, double *gbs) {
+  double t[16];
+  for (unsigned r = 0; r <= reps; r++) {
+    int st = cuda_err("cudaEventRecord", cudaEventRecord(x->e0, x->s));
+    if (st == SPW_OK) st = small_enqueue(x, v, down);
+    if (st == SPW_OK) st = cuda_err("cudaEventRecord", cudaEventRecord(x->e1, x->s));
+    if (st == SPW_OK) st = cuda_err("cudaEventSynchronize", cudaEventSynchronize(x->e1));
+    float ms = 0;
+    if (st == SPW_OK) st = cuda_err("cudaEventElapsedTime", cudaEventElapsedTime(&ms, x->e0, x->e1));
+    if (st != SPW_OK) return st;
+    if (r > 0) t[r - 1] = ms * 1e-3;
+  }
+  *gbs = bench_gbs((uint64_t)x->size * x->count, bench_median(t, reps));
+  return SPW_OK;
+}
+
+/* Buffer k of the checked sample: 9 spread over the set, first and last included. */
+static size_t small_pick(size_t count, size_t k) {
+  return count <= 9 ? k : (count - 1) * k / 8;
+}
+
+/* Poisons the sampled destination buffers, so a variant that skips one is caught. */
+static int small_poison(small_ctx_t *x, int down) {
+  size_t n = x->count < 9 ? x->count : 9;
+  for (size_t k = 0; k < n; k++) {
+    size_t i = small_pick(x->count, k);
+    if (down) {
+      memset(x->hptr[i], 0xA5, x->size); /* the stream is idle: the last pass synchronized */
+    } else {
+      int st = cuda_err("cudaMemsetAsync", cudaMemsetAsync(x->dptr[i], 0xA5, x->size, x->s));
+      if (st != SPW_OK) return st;
+    }
+  }
+  return SPW_OK;
+}
+
+/* Word w of buffer i must be bench_pattern(seed, i*words + w): a buffer landing at another
+ * buffer's place, or shifted within it, does not match. */
+static int small_check(small_ctx_t *x, int v, int down, uint32_t seed, uint64_t *bad) {
+  const size_t words = x->size / sizeof(uint32_t);
+  size_t n = x->count < 9 ? x->count : 9;
+  for (size_t k = 0; k < n; k++) {
+    size_t i = small_pick(x->count, k);
+    const uint32_t *got = x->hptr[i];
+    if (!down) {
+      int st = cuda_err("cudaMemcpyAsync (check)", cudaMemcpyAsync(x->check, x->dptr[i], x->size,
+                                                                  cudaMemcpyDefault, x->s));
+      if (st == SPW_OK) st = cuda_err("cudaStreamSynchronize", cudaStreamSynchronize(x->s));
+      if (st != SPW_OK) return st;
+      got = x->check;
+    }
+    for (size_t w = 0; w < words; w++) {
+      uint32_t want = bench_pattern(seed, (uint64_t)i * words + w);
+      if (got[w] != want && (*bad)++ == 0)
+        fprintf(stderr, "spill_bw: %s %s: buffer %zu word %zu: got %#x, expected %#x\n",
+                small_name[v], down ? "D2H" : "H2D", i, w, got[w], want);
+    }
+  }
+  return SPW_OK;
+}
+
+/* All variants down, then all up. The device region holds `seed` before the first and the
+ * pinned region `seed + 1` before the second (written through the staging buffer, which
+ * is free then). */
+static int small_run(ctx_t *c, small_ctx_t *x, uint32_t seed) {
+  result_t *r = c->res;
+  const size_t ws = x->size * x->count;
+  int st = SPW_OK;
+  for (int down = 1; down >= 0 && st == SPW_OK; down--) {
+    uint32_t sd = down ? seed : seed + 1;
+    int e = bench_cuda_fill_u32(down ? x->dev : x->staging, ws / sizeof(uint32_t), sd, x->s);
+    st = e == 0 ? SPW_OK : cuda_err("fill kernel", (cudaError_t)e);
+    if (st == SPW_OK && !down)
+      st = cuda_err("cudaMemcpyAsync (fill pinned)",
+                    cudaMemcpyAsync(x->pinned, x->staging, ws, cudaMemcpyDefault, x->s));
+    if (st == SPW_OK) st = cuda_err("cudaStreamSynchronize", cudaStreamSynchronize(x->s));
+    for (int v = 0; v < SMALL_NVAR && st == SPW_OK; v++) {
+      uint64_t bad = 0;
+      st = small_poison(x, down);
+      if (st == SPW_OK)
+        st = small_time(x, v, down, c->reps, down ? &r->small_d2h[v] : &r->small_h2d[v]);
+      if (st == SPW_OK) st = small_check(x, v, down, sd, &bad);
+      r->bad += bad;
+    }
+  }
+  return st;
+}
+
+static int measure_small(ctx_t *c, void *dev, void *pinned) {
+  if (c->env->kind != SPW_BACKEND_CUDA || c->size >= SMALL_MAX_SIZE) return SPW_OK;
+  small_ctx_t x;
+  int st = small_setup(c->env, &x, dev, pinned, c->size, c->count);
+  if (st == SPW_OK) st = small_run(c, &x, (uint32_t)c->size * 0x9E37u + (uint32_t)c->count);
+  int tst = small_teardown(&x);
+  return st != SPW_OK ? st : tst;
+}
+#endif /* SPW_BENCH_HAVE_CUDA */
+
 static int measure_spillway(ctx_t *c) {
   spw_runtime_t *rt = c->rt;
   result_t *r = c->res;
@@ -250,6 +506,9 @@ static int run_size(ctx_t *c, void *dev, void *pinned, uint32_t seed0) {
   if (st == SPW_OK && sst != SPW_OK) st = bench_fail(c->rt, "spw_stream_synchronize (fill)", sst);
 
   if (st == SPW_OK) st = measure_raw(c, dev, pinned);
+#ifdef SPW_BENCH_HAVE_CUDA
+  if (st == SPW_OK) st = measure_small(c, dev, pinned);
+#endif
   if (st == SPW_OK) st = measure_spillway(c);
   if (st == SPW_OK) st = verify_sample(c, seed0);
 
@@ -270,6 +529,33 @@ static const result_t *find_row(const result_t *r, size_t n, uint64_t size) {
     if (r[i].size == size) return &r[i];
   return NULL;
 }
+
+#ifdef SPW_BENCH_HAVE_CUDA
+/* A second table, so the main one keeps its width: only rows where the variants ran. */
+static void print_small_table(const result_t *r, size_t n) {
+  int any = 0;
+  for (size_t i = 0; i < n; i++) any |= r[i].small_d2h[SMALL_MEMCPY] > 0;
+  if (!any) return;
+  printf("\nsmall-buffer variants: GB/s D2H / H2D\n\n| size | count |");
+  for (int v = 0; v < SMALL_NVAR; v++) printf(" %s |", small_name[v]);
+  printf(" Spillway (spill / prefetch) |\n| ---: | ---: |");
+  for (int v = 0; v <= SMALL_NVAR; v++) printf(" ---: |");
+  printf("\n");
+  for (size_t i = 0; i < n; i++) {
+    if (!(r[i].small_d2h[SMALL_MEMCPY] > 0)) continue;
+    char sz[32];
+    bench_fmt_size(r[i].size, sz, sizeof sz);
+    printf("| %s | %zu |", sz, r[i].count);
+    for (int v = 0; v < SMALL_NVAR; v++) printf(" %.1f / %.1f |", r[i].small_d2h[v], r[i].small_h2d[v]);
+    printf(" %.1f / %.1f |\n", r[i].spill, r[i].prefetch);
+  }
+  printf("\nvariants over the raw buffers, timed with CUDA events on one stream: one "
+         "cudaMemcpyAsync per buffer; one cudaMemcpyBatchAsync for all; a gather kernel into a "
+         "device staging buffer + one copy to pinned memory (H2D: one copy + a scatter "
+         "kernel). Spillway: the spill and prefetch columns above (wall clock, request to "
+         "idle).\n");
+}
+#endif
 
 static void print_tables(const bench_env_t *env, const result_t *r, size_t n) {
   char sz[32], ar[32];
@@ -293,6 +579,9 @@ static void print_tables(const bench_env_t *env, const result_t *r, size_t n) {
   printf("\nduplex: half the buffers spill while the other half are prefetched (2 threads), "
          "against raw D2H + H2D at once (2 streams, 2 threads); GB/s of both directions. "
          "arena: pinned host memory mapped when the first timed spill began.\n");
+#ifdef SPW_BENCH_HAVE_CUDA
+  print_small_table(r, n);
+#endif
   printf("\ngoals%s:\n", env->kind == SPW_BACKEND_HOST
                              ? " (set for an H100/H200 over PCIe; the host backend's numbers "
                                "only show relative costs)"

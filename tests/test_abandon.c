@@ -10,19 +10,13 @@
 
 static void write_pattern(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, uint64_t seed) {
   static uint8_t src[BYTES];
-  void *d;
   test_fill(src, BYTES, seed);
-  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
-  ASSERT_OK(spw_memcpy_async(rt, d, src, BYTES, s));
-  ASSERT_OK(spw_stream_synchronize(rt, s));
+  test_write(rt, b, s, src, BYTES);
 }
 
 static size_t mismatch(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, uint64_t seed) {
   static uint8_t got[BYTES];
-  void *d;
-  ASSERT_OK(spw_acquire(rt, b, s, SPW_ACQUIRE_READ, &d));
-  ASSERT_OK(spw_memcpy_async(rt, got, d, BYTES, s));
-  ASSERT_OK(spw_stream_synchronize(rt, s));
+  test_read(rt, b, s, got, BYTES);
   return test_first_mismatch(got, BYTES, seed);
 }
 

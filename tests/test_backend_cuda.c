@@ -509,9 +509,10 @@ static void test_create_with_missing_device_is_cuda_error(int count) {
   pthread_mutex_destroy(&k.mu);
 }
 
-#define RUN(call)                                                                            \
+/* Runs one test call (with its arguments), naming it first. */
+#define RUN_CALL(call)                                                                       \
   do {                                                                                       \
-    printf("%s\n", #call);                                                                   \
+    printf("%s\n", #call);                                                                  \
     fflush(stdout);                                                                          \
     call;                                                                                    \
   } while (0)
@@ -526,22 +527,22 @@ int main(void) {
   ASSERT_OK(s);
   ASSERT_EQ(k.calls, 0);
 
-  RUN(test_alloc_free_round_trip(b));
-  RUN(test_memcpy_async_round_trip(b));
-  RUN(test_copy_batch_d2h_3000_buffers(b));
-  RUN(test_copy_batch_h2d_3000_buffers(b));
-  RUN(test_copy_batch_any_alignment_round_trip(b));
-  RUN(test_event_never_recorded_is_complete(b));
-  RUN(test_event_query_not_ready_until_host_func_returns(b));
-  RUN(test_stream_wait_event_orders_streams(b));
-  RUN(test_alloc_beyond_device_is_out_of_memory(b, &k));
-  RUN(test_freed_memory_stays_cached_until_trim(b));
+  RUN_CALL(test_alloc_free_round_trip(b));
+  RUN_CALL(test_memcpy_async_round_trip(b));
+  RUN_CALL(test_copy_batch_d2h_3000_buffers(b));
+  RUN_CALL(test_copy_batch_h2d_3000_buffers(b));
+  RUN_CALL(test_copy_batch_any_alignment_round_trip(b));
+  RUN_CALL(test_event_never_recorded_is_complete(b));
+  RUN_CALL(test_event_query_not_ready_until_host_func_returns(b));
+  RUN_CALL(test_stream_wait_event_orders_streams(b));
+  RUN_CALL(test_alloc_beyond_device_is_out_of_memory(b, &k));
+  RUN_CALL(test_freed_memory_stays_cached_until_trim(b));
   ASSERT_EQ(k.calls, 1); /* the refused allocation above, nothing else */
 
   ops->destroy(b);
   int count = 0;
   ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
-  RUN(test_create_with_missing_device_is_cuda_error(count));
+  RUN_CALL(test_create_with_missing_device_is_cuda_error(count));
   pthread_mutex_destroy(&k.mu);
   printf("all passed\n");
   return 0;

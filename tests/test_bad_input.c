@@ -12,24 +12,9 @@
 
 #include "test_util.h"
 
-#define RUN(test)                                                                            \
-  do {                                                                                       \
-    printf("%s\n", #test);                                                                   \
-    fflush(stdout);                                                                          \
-    test();                                                                                  \
-  } while (0)
-
 /* An address no runtime ever handed out as a stream. */
 static char never_a_stream[64];
 #define UNKNOWN_STREAM ((spw_stream_t)(void *)never_a_stream)
-
-static spw_stats_t stats_of(spw_runtime_t *rt) {
-  spw_stats_t st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  ASSERT_OK(spw_get_stats(rt, &st));
-  return st;
-}
 
 static void expect_stats_unchanged(spw_runtime_t *rt, const spw_stats_t *before) {
   const spw_stats_t now = stats_of(rt);

@@ -10,12 +10,11 @@
 #include "config.h"
 #include "test_util.h"
 
-#define RUN(test)                                                                            \
+/* Every config test starts from an environment without SPILLWAY_* variables. */
+#define RUN_CLEAN(test)                                                                      \
   do {                                                                                       \
-    printf("%s\n", #test);                                                                   \
-    fflush(stdout);                                                                          \
     clear_env();                                                                             \
-    test();                                                                                  \
+    RUN(test);                                                                               \
   } while (0)
 
 #define GiB ((uint64_t)1 << 30)
@@ -653,51 +652,51 @@ int main(void) {
   const char *t = getenv("TMPDIR");
   saved_tmpdir = t ? strdup(t) : NULL;
 
-  RUN(defaults_without_config_or_environment);
-  RUN(config_init_gives_the_same_defaults_as_null);
-  RUN(default_spill_dir_is_tmpdir);
-  RUN(device_variable_is_read);
-  RUN(backend_variable_is_read_case_insensitively);
-  RUN(device_limit_variable_takes_bytes_or_percent);
-  RUN(host_limit_variable_takes_bytes_or_percent_of_physical_memory);
-  RUN(disk_limit_variable_takes_bytes_and_zero_means_none);
-  RUN(spill_dir_variable_beats_tmpdir);
-  RUN(spill_dir_of_4095_bytes_fits);
-  RUN(io_variable_is_read);
-  RUN(watermark_variables_are_read);
-  RUN(log_level_variable_is_read);
-  RUN(host_device_bytes_variable_is_read);
-  RUN(blank_variable_counts_as_unset);
-  RUN(bad_device_values_are_rejected);
-  RUN(bad_backend_values_are_rejected);
-  RUN(device_limit_error_text_names_variable_and_forms);
-  RUN(bad_device_limit_values_are_rejected);
-  RUN(bad_host_limit_values_are_rejected);
-  RUN(bad_disk_limit_values_are_rejected);
-  RUN(too_long_spill_dir_is_rejected);
-  RUN(bad_io_values_are_rejected);
-  RUN(bad_watermark_values_are_rejected);
-  RUN(bad_log_level_values_are_rejected);
-  RUN(bad_host_device_bytes_values_are_rejected);
-  RUN(size_parser_accepts_units_and_decimals);
-  RUN(size_parser_rejects_garbage);
-  RUN(size_parser_rejects_overflow);
-  RUN(size_parser_rejects_null);
-  RUN(device_limit_overflow_is_rejected);
-  RUN(zero_struct_fields_take_the_environment);
-  RUN(struct_fields_beat_the_environment);
-  RUN(struct_field_hides_a_bad_variable);
-  RUN(ignore_env_uses_only_struct_and_defaults);
-  RUN(struct_size_too_small_is_invalid_arg);
-  RUN(struct_ending_at_flags_is_accepted);
-  RUN(larger_future_struct_is_accepted);
-  RUN(unknown_flags_are_invalid_arg);
-  RUN(bad_struct_fields_are_named);
-  RUN(low_watermark_at_or_above_high_is_rejected);
-  RUN(low_watermark_below_high_is_accepted);
-  RUN(failure_leaves_settings_untouched);
-  RUN(error_text_is_truncated_and_terminated);
-  RUN(null_output_is_invalid_arg);
+  RUN_CLEAN(defaults_without_config_or_environment);
+  RUN_CLEAN(config_init_gives_the_same_defaults_as_null);
+  RUN_CLEAN(default_spill_dir_is_tmpdir);
+  RUN_CLEAN(device_variable_is_read);
+  RUN_CLEAN(backend_variable_is_read_case_insensitively);
+  RUN_CLEAN(device_limit_variable_takes_bytes_or_percent);
+  RUN_CLEAN(host_limit_variable_takes_bytes_or_percent_of_physical_memory);
+  RUN_CLEAN(disk_limit_variable_takes_bytes_and_zero_means_none);
+  RUN_CLEAN(spill_dir_variable_beats_tmpdir);
+  RUN_CLEAN(spill_dir_of_4095_bytes_fits);
+  RUN_CLEAN(io_variable_is_read);
+  RUN_CLEAN(watermark_variables_are_read);
+  RUN_CLEAN(log_level_variable_is_read);
+  RUN_CLEAN(host_device_bytes_variable_is_read);
+  RUN_CLEAN(blank_variable_counts_as_unset);
+  RUN_CLEAN(bad_device_values_are_rejected);
+  RUN_CLEAN(bad_backend_values_are_rejected);
+  RUN_CLEAN(device_limit_error_text_names_variable_and_forms);
+  RUN_CLEAN(bad_device_limit_values_are_rejected);
+  RUN_CLEAN(bad_host_limit_values_are_rejected);
+  RUN_CLEAN(bad_disk_limit_values_are_rejected);
+  RUN_CLEAN(too_long_spill_dir_is_rejected);
+  RUN_CLEAN(bad_io_values_are_rejected);
+  RUN_CLEAN(bad_watermark_values_are_rejected);
+  RUN_CLEAN(bad_log_level_values_are_rejected);
+  RUN_CLEAN(bad_host_device_bytes_values_are_rejected);
+  RUN_CLEAN(size_parser_accepts_units_and_decimals);
+  RUN_CLEAN(size_parser_rejects_garbage);
+  RUN_CLEAN(size_parser_rejects_overflow);
+  RUN_CLEAN(size_parser_rejects_null);
+  RUN_CLEAN(device_limit_overflow_is_rejected);
+  RUN_CLEAN(zero_struct_fields_take_the_environment);
+  RUN_CLEAN(struct_fields_beat_the_environment);
+  RUN_CLEAN(struct_field_hides_a_bad_variable);
+  RUN_CLEAN(ignore_env_uses_only_struct_and_defaults);
+  RUN_CLEAN(struct_size_too_small_is_invalid_arg);
+  RUN_CLEAN(struct_ending_at_flags_is_accepted);
+  RUN_CLEAN(larger_future_struct_is_accepted);
+  RUN_CLEAN(unknown_flags_are_invalid_arg);
+  RUN_CLEAN(bad_struct_fields_are_named);
+  RUN_CLEAN(low_watermark_at_or_above_high_is_rejected);
+  RUN_CLEAN(low_watermark_below_high_is_accepted);
+  RUN_CLEAN(failure_leaves_settings_untouched);
+  RUN_CLEAN(error_text_is_truncated_and_terminated);
+  RUN_CLEAN(null_output_is_invalid_arg);
   free((void *)saved_tmpdir);
   return 0;
 }

@@ -15,13 +15,6 @@
 
 #define MIB ((size_t)1 << 20)
 
-#define RUN(test)                                                                            \
-  do {                                                                                       \
-    printf("%s\n", #test);                                                                   \
-    fflush(stdout);                                                                          \
-    test();                                                                                  \
-  } while (0)
-
 typedef enum { EV_ALLOC, EV_FREE, EV_STATE, EV_PRESSURE } ev_kind_t;
 
 typedef struct event {
@@ -102,20 +95,11 @@ static void expect_move(const recorder_t *r, size_t i, spw_buf_t b, spw_state_t 
   ASSERT_STATUS(r->ev[i].status, SPW_OK);
 }
 
-static spw_state_t state_of(spw_runtime_t *rt, spw_buf_t b) {
-  spw_state_t s = (spw_state_t)0;
-  ASSERT_OK(spw_buf_state(rt, b, &s));
-  return s;
-}
-
 static void fill(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, size_t n, uint64_t seed) {
   uint8_t *src = malloc(n);
   ASSERT_TRUE(src != NULL);
   test_fill(src, n, seed);
-  void *d = NULL;
-  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
-  ASSERT_OK(spw_memcpy_async(rt, d, src, n, s));
-  ASSERT_OK(spw_stream_synchronize(rt, s));
+  test_write(rt, b, s, src, n);
   free(src);
 }
 
@@ -124,10 +108,7 @@ static void expect_contents(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, size
   uint8_t *got = malloc(n);
   ASSERT_TRUE(got != NULL);
   memset(got, 0, n);
-  void *d = NULL;
-  ASSERT_OK(spw_acquire(rt, b, s, SPW_ACQUIRE_READ, &d));
-  ASSERT_OK(spw_memcpy_async(rt, got, d, n, s));
-  ASSERT_OK(spw_stream_synchronize(rt, s));
+  test_read(rt, b, s, got, n);
   ASSERT_UEQ(test_first_mismatch(got, n, seed), (size_t)-1);
   free(got);
 }

@@ -25,13 +25,6 @@
 #define MIB ((size_t)1 << 20)
 #define PAGE 4096u
 
-#define RUN(test)                                                                            \
-  do {                                                                                       \
-    printf("%s\n", #test);                                                                   \
-    fflush(stdout);                                                                          \
-    test();                                                                                  \
-  } while (0)
-
 static uint64_t seed0;
 
 static uint64_t splitmix(uint64_t *state) {
@@ -73,20 +66,6 @@ static size_t check_contents(const uint8_t *got, size_t n, uint64_t version) {
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
-static spw_stats_t stats_of(spw_runtime_t *rt) {
-  spw_stats_t st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  ASSERT_OK(spw_get_stats(rt, &st));
-  return st;
-}
-
-static spw_state_t state_of(spw_runtime_t *rt, spw_buf_t b) {
-  spw_state_t s = (spw_state_t)0;
-  ASSERT_OK(spw_buf_state(rt, b, &s));
-  return s;
-}
-
 static void make_dir(char *dir) {
   ASSERT_TRUE(mkdtemp(dir) != NULL);
 }
@@ -120,10 +99,7 @@ static spw_buf_t filled(spw_runtime_t *rt, spw_stream_t s, size_t n, uint64_t ve
   make_contents(src, n, version);
   spw_buf_t b;
   ASSERT_OK(spw_alloc(rt, n, s, &b));
-  void *d = NULL;
-  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
-  ASSERT_OK(spw_memcpy_async(rt, d, src, n, s));
-  ASSERT_OK(spw_stream_synchronize(rt, s));
+  test_write(rt, b, s, src, n);
   free(src);
   return b;
 }
@@ -133,10 +109,7 @@ static void expect_contents(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, size
   uint8_t *got = malloc(n);
   ASSERT_TRUE(got != NULL);
   memset(got, 0, n);
-  void *d = NULL;
-  ASSERT_OK(spw_acquire(rt, b, s, SPW_ACQUIRE_READ, &d));
-  ASSERT_OK(spw_memcpy_async(rt, got, d, n, s));
-  ASSERT_OK(spw_stream_synchronize(rt, s));
+  test_read(rt, b, s, got, n);
   size_t bad = check_contents(got, n, version);
   if (bad != (size_t)-1) {
     fprintf(stderr, "%zu-byte buffer, version %#" PRIx64 ": first bad byte at %zu\n", n, version,

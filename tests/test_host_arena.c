@@ -17,13 +17,6 @@
 
 /* Pointer checks use ASSERT_TRUE: ASSERT_PTR_EQ in test_util.h declares its second
  * operand as `const void` (one declaration, two declarators) and does not compile. */
-#define RUN(test)                                                                            \
-  do {                                                                                       \
-    printf("%s\n", #test);                                                                   \
-    fflush(stdout);                                                                          \
-    test();                                                                                  \
-  } while (0)
-
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
 #define SLAB MiB

@@ -9,13 +9,6 @@
 
 #include "test_util.h"
 
-#define RUN(test)                                                                            \
-  do {                                                                                       \
-    printf("%s\n", #test);                                                                   \
-    fflush(stdout);                                                                          \
-    test();                                                                                  \
-  } while (0)
-
 static uint32_t locks_of(spw_runtime_t *rt, spw_buf_t b) {
   uint32_t n = 0xFFFFFFFFu;
   ASSERT_OK(spw_buf_lock_count(rt, b, &n));
@@ -242,7 +235,6 @@ static void data_survives_release_and_reacquire(void) {
   enum { BYTES = 256 * 1024 };
   spw_stream_t s1, s2;
   spw_buf_t b, other;
-  void *d = NULL, *d2 = NULL;
   uint8_t *in = malloc(BYTES), *out = malloc(BYTES);
   ASSERT_TRUE(in != NULL && out != NULL);
   test_fill(in, BYTES, 99);
@@ -250,20 +242,14 @@ static void data_survives_release_and_reacquire(void) {
   ASSERT_OK(spw_stream_create(rt, &s1));
   ASSERT_OK(spw_stream_create(rt, &s2));
   ASSERT_OK(spw_alloc(rt, BYTES, s1, &b));
-  ASSERT_OK(spw_acquire(rt, b, s1, 0, &d));
-  ASSERT_OK(spw_memcpy_async(rt, d, in, BYTES, s1));
-  ASSERT_OK(spw_stream_synchronize(rt, s1));
+  test_write(rt, b, s1, in, BYTES);
   ASSERT_EQ(locks_of(rt, b), 0);
   /* Other traffic in between must not disturb an unlocked buffer. */
   ASSERT_OK(spw_alloc(rt, BYTES, s2, &other));
-  ASSERT_OK(spw_acquire(rt, other, s2, 0, &d2));
-  ASSERT_OK(spw_memcpy_async(rt, d2, out, BYTES, s2));
-  ASSERT_OK(spw_stream_synchronize(rt, s2));
+  test_write(rt, other, s2, out, BYTES);
   ASSERT_OK(spw_free(rt, other));
   /* Re-acquired on another stream, for reading. */
-  ASSERT_OK(spw_acquire(rt, b, s2, SPW_ACQUIRE_READ, &d));
-  ASSERT_OK(spw_memcpy_async(rt, out, d, BYTES, s2));
-  ASSERT_OK(spw_stream_synchronize(rt, s2));
+  test_read(rt, b, s2, out, BYTES);
   ASSERT_EQ(test_first_mismatch(out, BYTES, 99), (size_t)-1);
   ASSERT_EQ(locks_of(rt, b), 0);
   ASSERT_OK(spw_free(rt, b));

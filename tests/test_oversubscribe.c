@@ -28,13 +28,6 @@
 #endif
 #define PAGE 4096u
 
-#define RUN(test)                                                                            \
-  do {                                                                                       \
-    printf("%s\n", #test);                                                                   \
-    fflush(stdout);                                                                          \
-    test();                                                                                  \
-  } while (0)
-
 static uint64_t seed0;
 
 static uint64_t splitmix(uint64_t *state) {
@@ -77,20 +70,6 @@ static size_t check_contents(const uint8_t *got, size_t n, uint64_t version) {
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
-static spw_stats_t stats_of(spw_runtime_t *rt) {
-  spw_stats_t st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  ASSERT_OK(spw_get_stats(rt, &st));
-  return st;
-}
-
-static spw_state_t state_of(spw_runtime_t *rt, spw_buf_t b) {
-  spw_state_t s = (spw_state_t)0;
-  ASSERT_OK(spw_buf_state(rt, b, &s));
-  return s;
-}
-
 static spw_runtime_t *budget_runtime(double high, double low) {
   spw_config_t cfg = SPW_CONFIG_INIT;
   cfg.device_limit = BUDGET;
@@ -101,19 +80,13 @@ static spw_runtime_t *budget_runtime(double high, double low) {
 }
 
 static void upload(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, const void *src, size_t n) {
-  void *d = NULL;
-  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
-  ASSERT_OK(spw_memcpy_async(rt, d, src, n, s));
-  ASSERT_OK(spw_stream_synchronize(rt, s));
+  test_write(rt, b, s, src, n);
 }
 
 static void expect_version(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, uint8_t *scratch,
                            size_t n, uint64_t version) {
-  void *d = NULL;
   memset(scratch, 0, n);
-  ASSERT_OK(spw_acquire(rt, b, s, SPW_ACQUIRE_READ, &d));
-  ASSERT_OK(spw_memcpy_async(rt, scratch, d, n, s));
-  ASSERT_OK(spw_stream_synchronize(rt, s));
+  test_read(rt, b, s, scratch, n);
   size_t bad = check_contents(scratch, n, version);
   if (bad != (size_t)-1) {
     fprintf(stderr, "buffer %#" PRIx64 " (%zu bytes, version %#" PRIx64 "): first bad byte %zu\n",

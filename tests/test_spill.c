@@ -18,13 +18,6 @@
 
 #define MIB ((size_t)1 << 20)
 
-#define RUN(test)                                                                            \
-  do {                                                                                       \
-    printf("%s\n", #test);                                                                   \
-    fflush(stdout);                                                                          \
-    test();                                                                                  \
-  } while (0)
-
 /* Byte loops run ~10x slower under ThreadSanitizer: the host backend's budget shrinks with
  * it so that each test stays within seconds. */
 #if defined(__SANITIZE_THREAD__)
@@ -54,26 +47,9 @@ static size_t random_size(size_t max) {
   return n > max ? max : n;
 }
 
-static spw_stats_t stats_of(spw_runtime_t *rt) {
-  spw_stats_t st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  ASSERT_OK(spw_get_stats(rt, &st));
-  return st;
-}
-
-static spw_state_t state_of(spw_runtime_t *rt, spw_buf_t b) {
-  spw_state_t s = (spw_state_t)0;
-  ASSERT_OK(spw_buf_state(rt, b, &s));
-  return s;
-}
-
 /* Writes `n` bytes of `src` into the buffer (writable acquire) and releases it. */
 static void upload(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, const void *src, size_t n) {
-  void *d = NULL;
-  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
-  ASSERT_OK(spw_memcpy_async(rt, d, src, n, s));
-  ASSERT_OK(spw_stream_synchronize(rt, s));
+  test_write(rt, b, s, src, n);
 }
 
 /* Reads the buffer back (acquire with `flags`) and requires it to equal test_fill(seed). */

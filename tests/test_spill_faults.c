@@ -19,27 +19,6 @@
 
 #define MIB ((size_t)1 << 20)
 
-#define RUN(test)                                                                            \
-  do {                                                                                       \
-    printf("%s\n", #test);                                                                   \
-    fflush(stdout);                                                                          \
-    test();                                                                                  \
-  } while (0)
-
-static spw_stats_t stats_of(spw_runtime_t *rt) {
-  spw_stats_t st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  ASSERT_OK(spw_get_stats(rt, &st));
-  return st;
-}
-
-static spw_state_t state_of(spw_runtime_t *rt, spw_buf_t b) {
-  spw_state_t s = (spw_state_t)0;
-  ASSERT_OK(spw_buf_state(rt, b, &s));
-  return s;
-}
-
 static uint64_t arena_in_use(spw_runtime_t *rt) {
   spw_arena_stats_t as;
   spw__arena_get_stats(rt->arena, &as);
@@ -53,10 +32,7 @@ static spw_buf_t filled(spw_runtime_t *rt, spw_stream_t s, size_t n, uint64_t se
   ASSERT_TRUE(src != NULL);
   test_fill(src, n, seed);
   ASSERT_OK(spw_alloc(rt, n, s, &b));
-  void *d = NULL;
-  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
-  ASSERT_OK(spw_memcpy_async(rt, d, src, n, s));
-  ASSERT_OK(spw_stream_synchronize(rt, s));
+  test_write(rt, b, s, src, n);
   free(src);
   return b;
 }
@@ -66,10 +42,7 @@ static void expect_contents(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, size
   uint8_t *got = malloc(n);
   ASSERT_TRUE(got != NULL);
   memset(got, 0, n);
-  void *d = NULL;
-  ASSERT_OK(spw_acquire(rt, b, s, SPW_ACQUIRE_READ, &d));
-  ASSERT_OK(spw_memcpy_async(rt, got, d, n, s));
-  ASSERT_OK(spw_stream_synchronize(rt, s));
+  test_read(rt, b, s, got, n);
   ASSERT_UEQ(test_first_mismatch(got, n, seed), (size_t)-1);
   free(got);
 }
@@ -225,10 +198,7 @@ static void full_host_arena_without_disk_fails_allocation_cleanly(void) {
       free(src);
       break;
     }
-    void *d = NULL;
-    ASSERT_OK(spw_acquire(rt, b[nb], s, 0, &d));
-    ASSERT_OK(spw_memcpy_async(rt, d, src, n, s));
-    ASSERT_OK(spw_stream_synchronize(rt, s));
+    test_write(rt, b[nb], s, src, n);
     free(src);
   }
   ASSERT_EQ(nb, 6);

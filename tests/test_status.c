@@ -6,13 +6,6 @@
 
 #include "test_util.h"
 
-#define RUN(test)                                                                            \
-  do {                                                                                       \
-    printf("%s\n", #test);                                                                   \
-    fflush(stdout);                                                                          \
-    test();                                                                                  \
-  } while (0)
-
 typedef struct entry {
   int code;
   const char *name; /* as the table spells it, with the SPW_ prefix */

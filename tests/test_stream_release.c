@@ -15,13 +15,6 @@
 
 #include "test_util.h"
 
-#define RUN(test)                                                                            \
-  do {                                                                                       \
-    printf("%s\n", #test);                                                                   \
-    fflush(stdout);                                                                          \
-    test();                                                                                  \
-  } while (0)
-
 #define GATE_TIMEOUT_S 5
 #define POLL_TIMEOUT_MS 5000
 
@@ -110,14 +103,6 @@ static bool await_locks(spw_runtime_t *rt, spw_buf_t b, uint32_t want) {
     sleep_ms(1);
   }
   return locks_of(rt, b) == want;
-}
-
-static spw_stats_t stats_of(spw_runtime_t *rt) {
-  spw_stats_t st;
-  memset(&st, 0, sizeof st);
-  st.struct_size = sizeof st;
-  ASSERT_OK(spw_get_stats(rt, &st));
-  return st;
 }
 
 static void release_async_does_not_block_and_releases_when_work_completes(void) {

@@ -63,6 +63,46 @@
     }                                                                                        \
   } while (0)
 
+/* Runs one test function, naming it first (so a failure's output says which one). */
+#define RUN(test)                                                                            \
+  do {                                                                                       \
+    printf("%s\n", #test);                                                                  \
+    fflush(stdout);                                                                          \
+    test();                                                                                  \
+  } while (0)
+
+/* The runtime's statistics and a buffer's state; the call must succeed. */
+static inline spw_stats_t stats_of(spw_runtime_t *rt) {
+  spw_stats_t st;
+  memset(&st, 0, sizeof st);
+  st.struct_size = sizeof st;
+  ASSERT_OK(spw_get_stats(rt, &st));
+  return st;
+}
+static inline spw_state_t state_of(spw_runtime_t *rt, spw_buf_t b) {
+  spw_state_t s = (spw_state_t)0;
+  ASSERT_OK(spw_buf_state(rt, b, &s));
+  return s;
+}
+
+/* Writes n bytes of src into b through stream s: acquire, copy, synchronize (which
+ * releases the lock). Valid on both backends. */
+static inline void test_write(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, const void *src,
+                              size_t n) {
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  ASSERT_OK(spw_memcpy_async(rt, d, src, n, s));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+}
+/* Reads n bytes of b into dst the same way, with a read-only acquire. */
+static inline void test_read(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, void *dst,
+                             size_t n) {
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, SPW_ACQUIRE_READ, &d));
+  ASSERT_OK(spw_memcpy_async(rt, dst, d, n, s));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+}
+
 /* The backend the test runs on, from SPILLWAY_BACKEND (default host). */
 static inline spw_backend_kind_t test_backend(void) {
   const char *b = getenv("SPILLWAY_BACKEND");
