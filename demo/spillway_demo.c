@@ -260,6 +260,10 @@ static int paced(work_t *w, int st, int *tries) {
   return 1;
 }
 
+/* Groups prefetched ahead of the one being worked on: their copies back run on the engine
+ * while the current group's kernels run and earlier groups are spilled. */
+#define PREFETCH_GROUPS 2
+
 /* One step over every buffer: acquire on the buffer's stream, enqueue, and after each group
  * a tick and spw_stream_release_async. */
 static int run_step(work_t *w, unsigned step) {
@@ -268,6 +272,12 @@ static int run_step(work_t *w, unsigned step) {
     size_t g = i / w->group;
     spw_stream_t s = w->streams[g % w->nstreams];
     int st, tries = 0;
+    size_t ahead = i + PREFETCH_GROUPS * w->group;
+    if (step > 0 && i % w->group == 0 && ahead < w->nbuf) {
+      size_t n = w->nbuf - ahead < w->group ? w->nbuf - ahead : w->group;
+      st = spw_prefetch_n(w->rt, &w->bufs[ahead], n, s);
+      if (st != SPW_OK) return fail_spw(w, "spw_prefetch_n", st);
+    }
     if (step == 0) {
       do st = spw_alloc(w->rt, w->buf_bytes, s, &w->bufs[i]);
       while (paced(w, st, &tries));
