@@ -316,7 +316,8 @@ static int small_time(small_ctx_t *x, int v, int down, unsigned reps, double *gb
     if (st == SPW_OK) st = cuda_err("cudaEventRecord", cudaEventRecord(x->e1, x->s));
     if (st == SPW_OK) st = cuda_err("cudaEventSynchronize", cudaEventSynchronize(x->e1));
     float ms = 0;
-    if (st == SPW_OK) st = cuda_err("cudaEventElapsedTime", cudaEventElapsedTime(&ms, x->e0, x->e1));
+    if (st == SPW_OK)
+      st = cuda_err("cudaEventElapsedTime", cudaEventElapsedTime(&ms, x->e0, x->e1));
     if (st != SPW_OK) return st;
     if (r > 0) t[r - 1] = ms * 1e-3;
   }
@@ -546,7 +547,8 @@ static void print_small_table(const result_t *r, size_t n) {
     char sz[32];
     bench_fmt_size(r[i].size, sz, sizeof sz);
     printf("| %s | %zu |", sz, r[i].count);
-    for (int v = 0; v < SMALL_NVAR; v++) printf(" %.1f / %.1f |", r[i].small_d2h[v], r[i].small_h2d[v]);
+    for (int v = 0; v < SMALL_NVAR; v++)
+      printf(" %.1f / %.1f |", r[i].small_d2h[v], r[i].small_h2d[v]);
     printf(" %.1f / %.1f |\n", r[i].spill, r[i].prefetch);
   }
   printf("\nvariants over the raw buffers, timed with CUDA events on one stream: one "
