@@ -5,9 +5,10 @@
  * the other moves share: allocation that demotes to make room, and a free deferred until a
  * stream has passed the copies that still use the extent.
  *
- * A buffer being written out is DEMOTING (or SPILLING, for the direct path); acquirers wait
- * for the write to finish rather than abandon it, since the disk copy is then one commit
- * away. A failed write leaves the buffer where it was. */
+ * A buffer being demoted is DEMOTING, and acquirers wait for the write to finish rather
+ * than abandon it, since the disk copy is then one commit away. A direct spill keeps the
+ * buffer SPILLING, which an acquire abandons as for a spill to host (the device copy is
+ * intact). A failed write leaves the buffer where it was. */
 #include <stdlib.h>
 
 #include "../src/completions.h"
@@ -15,8 +16,11 @@
 #include "engine.h"
 
 static void free_extent_fn(spw_runtime_t *rt, void *arg) {
-  spw__arena_free(rt->arena, arg);
-  free(arg);
+  spw_host_extent_t *e = arg;
+  uint64_t bytes = e->bytes;
+  spw__arena_free(rt->arena, e);
+  atomic_fetch_sub(&rt->c.host_deferred, bytes);
+  free(e);
 }
 
 void spw__host_extent_free_after(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream) {
@@ -24,10 +28,12 @@ void spw__host_extent_free_after(spw_runtime_t *rt, spw_host_extent_t *e, spw_st
   spw_host_extent_t *copy = malloc(sizeof *copy);
   if (copy) {
     *copy = *e;
+    atomic_fetch_add(&rt->c.host_deferred, e->bytes);
     if (spw__after_stream(rt, stream, free_extent_fn, copy) == SPW_OK) {
       *e = (spw_host_extent_t){0};
       return;
     }
+    atomic_fetch_sub(&rt->c.host_deferred, e->bytes);
     free(copy);
   }
   /* No way to defer: wait for the stream, then free (correct, only slower). */
@@ -36,7 +42,18 @@ void spw__host_extent_free_after(spw_runtime_t *rt, spw_host_extent_t *e, spw_st
   *e = (spw_host_extent_t){0};
 }
 
+/* How long a spill waits for host extents on their way back before the arena grows. */
+#define DEFERRED_WAIT_NS 100000000ull
+
 int spw__host_extent_alloc(spw_runtime_t *rt, size_t bytes, spw_host_extent_t *out) {
+  if (atomic_load_explicit(&rt->c.host_deferred, memory_order_relaxed) > 0) {
+    /* Extents are on their way back (behind uploads that read them). If the arena would
+     * have to map and pin a new slab (a third of a second per GiB) rather than wait a few
+     * milliseconds for them, wait for them. */
+    spw_arena_stats_t as;
+    spw__arena_get_stats(rt->arena, &as);
+    if (as.in_use + bytes > as.mapped) spw__completions_drain_for(rt, DEFERRED_WAIT_NS);
+  }
   int st = spw__arena_alloc(rt->arena, bytes, out);
   for (int attempt = 0; st == SPW_ERR_HOST_OUT_OF_MEMORY && attempt < 3; attempt++) {
     if (spw__disk_open(rt) != SPW_OK) break;

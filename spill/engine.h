@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Private header, never installed: the spill engine and the moves between tiers.
  *
- * The engine owns two non-blocking copy streams, one per direction (the link is full
- * duplex), a job queue and one worker thread. The worker runs explicit spills and
- * prefetches from disk, and spills least-recently-used buffers in the background whenever
- * device usage passes the high watermark, down to the low one. Spills on demand (an
+ * The engine owns two non-blocking copy streams and two worker threads ("lanes"), one per
+ * direction (the link is full duplex), each with its own job queue. The down lane runs
+ * explicit spills and spills least-recently-used buffers in the background whenever device
+ * usage passes the high watermark, down to the low one; the up lane runs prefetches. Spills on demand (an
  * allocation or unspill that needs room) run on the thread that needs the room, on the same
  * streams, so they never wait for the worker: progress is guaranteed without it.
  *
@@ -20,7 +20,7 @@
 #include "../src/runtime.h"
 
 int spw__engine_start(spw_runtime_t *rt);
-/* Finishes queued jobs, stops the worker, destroys the copy streams. NULL-safe. */
+/* Finishes queued jobs, stops both workers, destroys the copy streams. NULL-safe. */
 void spw__engine_stop(spw_runtime_t *rt);
 spw_stream_t spw__engine_d2h(spw_runtime_t *rt);
 spw_stream_t spw__engine_h2d(spw_runtime_t *rt);
@@ -30,7 +30,7 @@ void spw__engine_kick(spw_runtime_t *rt);
 int spw__engine_submit_spill(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_tier_t tier);
 int spw__engine_submit_prefetch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n,
                                 spw_stream_t bstream);
-/* Waits until the queue is empty and the worker idle. */
+/* Waits until both lanes' queues are empty and their workers idle. */
 void spw__engine_wait_idle(spw_runtime_t *rt);
 
 /* A buffer chosen to be spilled: already SPILLING (moved there by spw__victim_claim). */

@@ -113,6 +113,8 @@ static uint64_t finish(spw_runtime_t *rt, spw_victim_t *v, part_t *p, spw_stream
     if (v[i].to_disk) {
       /* Commits, accounts and reports itself (through the staging pipeline). */
       v[i].status = spw__spill_to_disk(rt, &v[i]);
+      if (v[i].status != SPW_OK && v[i].status != SPW_ERR_BUSY && reason != 1)
+        spw__set_async_error(rt, v[i].status);
       continue;
     }
     if (st != SPW_OK && !v[i].clean && v[i].status == SPW_OK) v[i].status = st;

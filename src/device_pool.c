@@ -3,9 +3,9 @@
  *
  * Spilling and bringing back tens of thousands of small buffers would otherwise pay one
  * cudaMallocAsync / cudaFreeAsync each (about a microsecond), which caps 4 KiB buffers at a
- * few GB/s however fast the copies are. Buffers under SPW_DPOOL_SMALL come from slabs of
- * SPW_DPOOL_SLAB bytes cut into blocks of one power-of-two size class; a block costs a
- * push or pop on its class's free list.
+ * few GB/s however fast the copies are. Buffers under SPW_DPOOL_SMALL come from slabs cut
+ * into blocks of one power-of-two size class (a slab is at most 1/32 of the device limit
+ * and at most SPW_DPOOL_SLAB); a block costs a push or pop on its class's free list.
  *
  * Stream order: a slab is allocated on the null stream and synchronized once, so its blocks
  * are usable from any stream. A block goes back to its free list only when no work can

@@ -131,7 +131,7 @@ typedef enum spw_state {
   SPW_STATE_HOST = 3,       /* in pinned host memory (tier HOST) */
   SPW_STATE_DEMOTING = 4,   /* being written host -> disk; the host copy is still valid */
   SPW_STATE_DISK = 5,       /* in the spill file (tier DISK) */
-  SPW_STATE_UNSPILLING = 6, /* being read back from disk */
+  SPW_STATE_UNSPILLING = 6, /* being brought back to the device (from host or disk) */
 } spw_state_t;
 
 /* ---------------------------------------------------------------------------------------
@@ -362,12 +362,13 @@ typedef struct spw_stats {
   uint64_t locked_bytes;           /* bytes of buffers with at least one lock */
   uint64_t device_limit;
   uint64_t host_pinned_bytes;      /* pinned host memory held by the arena (slabs) */
-  uint64_t spills, spill_bytes;    /* device -> host */
+  uint64_t spills, spill_bytes;    /* device -> host, and device -> disk directly */
   uint64_t unspills, unspill_bytes;/* host -> device */
   uint64_t demotions, demote_bytes;/* host -> disk */
   uint64_t disk_reads, disk_read_bytes; /* disk -> device (through staging) */
   uint64_t disk_writes, disk_write_bytes;
-  uint64_t spills_on_demand;       /* spills forced by an allocation or acquire */
+  uint64_t spills_on_demand;       /* spills (to host) forced by an allocation, acquire or
+                                      prefetch that needed room */
   uint64_t spills_background;      /* spills started above the high watermark */
   uint64_t spills_abandoned;       /* spills cancelled by an acquire */
   uint64_t clean_respills;         /* spills that moved no bytes (clean host copy kept) */
