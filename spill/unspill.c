@@ -155,25 +155,23 @@ static int claim_host(spw_buf_t h, up_item_t *it) {
   return ok;
 }
 
-size_t spw__unspill_host_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n) {
-  uint64_t t0 = spw__now_ns();
-  spw_stream_t h2d = spw__engine_h2d(rt);
-  up_item_t *it = malloc(n * sizeof *it);
-  spw_copy_desc_t *descs = malloc(n * sizeof *descs);
-  if (!it || !descs) {
-    free(it);
-    free(descs);
-    return 0;
-  }
-  size_t k = 0, nd = 0;
-  for (size_t i = 0; i < n; i++) {
-    uint64_t w;
-    it[k] = (up_item_t){.h = hs[i]};
-    if (spw__handles_lookup(&rt->handles, hs[i], &it[k].s, &w) != SPW_OK) continue;
-    if (claim_host(hs[i], &it[k])) k++;
-  }
-  /* Room and memory for each; what does not fit goes back to HOST untouched. */
-  for (size_t i = 0; i < k; i++) {
+/* Prefetch parts: a part's copy starts as soon as its own room is made, and its buffers are
+ * marked resident as soon as it lands, while the next part is prepared. Big buffers go one
+ * per part (an acquirer of the first waits for it alone); small ones many per part. */
+#define UP_PART_ITEMS 2048
+#define UP_PART_BYTES ((uint64_t)64 << 20)
+
+typedef struct up_part {
+  size_t first, count;
+  int status, copied;
+  spw_bevent_t *ev;
+} up_part_t;
+
+/* Room, memory and descriptors for the items of one part. */
+static size_t up_prepare(spw_runtime_t *rt, up_item_t *it, const up_part_t *p,
+                         spw_copy_desc_t *descs, spw_stream_t h2d) {
+  size_t nd = 0;
+  for (size_t i = p->first; i < p->first + p->count; i++) {
     it[i].status = spw__budget_reserve(rt, it[i].size);
     if (it[i].status != SPW_OK) continue;
     it[i].status = spw__device_alloc(rt, it[i].size, h2d, &it[i].d);
@@ -184,27 +182,30 @@ size_t spw__unspill_host_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n)
     /* The host extent is stable: the slot is UNSPILLING and only this thread moves it. */
     descs[nd++] = (spw_copy_desc_t){it[i].d, it[i].s->host.ptr, it[i].size};
   }
-  int st = SPW_OK;
-  if (nd > 0) {
-    spw_bevent_t *ev = NULL;
-    st = rt->ops->copy_batch_async(rt->be, descs, nd, SPW_COPY_H2D, h2d);
-    if (st == SPW_OK) st = spw__event_get(rt, &ev);
-    if (st == SPW_OK) st = rt->ops->event_record(rt->be, ev, h2d);
-    if (st == SPW_OK) st = rt->ops->event_sync(rt->be, ev);
-    if (ev) spw__event_put(rt, ev);
+  return nd;
+}
+
+/* Waits for one part's copy and commits its items; returns the bytes that moved. */
+static uint64_t up_finish(spw_runtime_t *rt, up_item_t *it, up_part_t *p, spw_stream_t h2d,
+                          size_t *moved) {
+  int st = p->status;
+  if (p->ev) {
+    if (st == SPW_OK) st = rt->ops->event_sync(rt->be, p->ev);
+    spw__event_put(rt, p->ev);
+    p->ev = NULL;
   }
-  free(descs);
-  uint64_t dt = spw__now_ns() - t0, moved_bytes = 0;
-  size_t moved = 0;
-  for (size_t i = 0; i < k; i++) {
+  if (st != SPW_OK && p->copied) rt->ops->stream_sync(rt->be, h2d); /* nothing may still read */
+  uint64_t moved_bytes = 0;
+  for (size_t i = p->first; i < p->first + p->count; i++) {
     spw_slot_t *s = it[i].s;
     if (it[i].status == SPW_OK && st != SPW_OK) it[i].status = st;
     pthread_mutex_lock(&s->mu);
     uint64_t w = atomic_load(&s->word);
     if (it[i].status != SPW_OK || (w & SPW_W_FREE_PENDING)) {
       if (it[i].d) {
-        spw__dpool_free(rt, it[i].d, it[i].size, h2d); /* the batch has completed or failed */
+        spw__dpool_free(rt, it[i].d, it[i].size, h2d); /* the part has completed or failed */
         spw__budget_unreserve(rt, it[i].size);
+        it[i].d = NULL;
       }
       atomic_store(&s->word, spw__w_with_state(w, SPW_STATE_HOST));
       if (w & SPW_W_FREE_PENDING) spw__buffer_finish_free(rt, s, it[i].h); /* unlocks */
@@ -220,14 +221,59 @@ size_t spw__unspill_host_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n)
     atomic_store(&s->word, spw__w_make(spw__w_gen(w), SPW_STATE_RESIDENT, SPW_W_CLEAN, 0));
     atomic_store_explicit(&s->last_use, spw__coarse_now_ns(), memory_order_relaxed);
     pthread_mutex_unlock(&s->mu);
-    moved++;
+    (*moved)++;
     moved_bytes += it[i].size;
   }
   atomic_fetch_sub(&rt->c.host_bytes, moved_bytes);
+  return moved_bytes;
+}
+
+size_t spw__unspill_host_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n) {
+  uint64_t t0 = spw__now_ns();
+  spw_stream_t h2d = spw__engine_h2d(rt);
+  up_item_t *it = malloc(n * sizeof *it);
+  spw_copy_desc_t *descs = malloc((n < UP_PART_ITEMS ? n : UP_PART_ITEMS) * sizeof *descs);
+  if (!it || !descs) {
+    free(it);
+    free(descs);
+    return 0;
+  }
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) {
+    uint64_t w;
+    it[k] = (up_item_t){.h = hs[i]};
+    if (spw__handles_lookup(&rt->handles, hs[i], &it[k].s, &w) != SPW_OK) continue;
+    if (claim_host(hs[i], &it[k])) k++;
+  }
+  size_t moved = 0;
+  uint64_t moved_bytes = 0;
+  up_part_t prev = {0}, cur;
+  int have_prev = 0;
+  for (size_t first = 0; first < k;) {
+    size_t last = first;
+    uint64_t bytes = 0;
+    while (last < k && last - first < UP_PART_ITEMS &&
+           (last == first || bytes + it[last].size <= UP_PART_BYTES))
+      bytes += it[last++].size;
+    cur = (up_part_t){.first = first, .count = last - first, .status = SPW_OK};
+    size_t nd = up_prepare(rt, it, &cur, descs, h2d);
+    if (nd > 0) {
+      cur.status = rt->ops->copy_batch_async(rt->be, descs, nd, SPW_COPY_H2D, h2d);
+      cur.copied = cur.status == SPW_OK;
+      if (cur.status == SPW_OK) cur.status = spw__event_get(rt, &cur.ev);
+      if (cur.status == SPW_OK) cur.status = rt->ops->event_record(rt->be, cur.ev, h2d);
+    }
+    if (have_prev) moved_bytes += up_finish(rt, it, &prev, h2d, &moved);
+    prev = cur;
+    have_prev = 1;
+    first = last;
+  }
+  if (have_prev) moved_bytes += up_finish(rt, it, &prev, h2d, &moved);
+  free(descs);
+  uint64_t dt = spw__now_ns() - t0;
   atomic_fetch_add(&rt->c.unspills, moved);
   atomic_fetch_add(&rt->c.unspill_bytes, moved_bytes);
   atomic_fetch_add(&rt->c.unspill_ns, dt);
-  if (st != SPW_OK) spw__set_async_error(rt, st);
   for (size_t i = 0; i < k; i++) {
     if (it[i].status == SPW_OK && it[i].d) {
       spw_state_event_t ev = {it[i].h, SPW_STATE_HOST, SPW_STATE_RESIDENT, it[i].size, dt, SPW_OK};
