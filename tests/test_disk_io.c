@@ -664,14 +664,18 @@ static int uring_available(void) {
 
 int main(void) {
   const spw_io_kind_t kinds[] = {SPW_IO_URING, SPW_IO_POSIX};
+  const int have_uring = uring_available();
   for (size_t k = 0; k < 2; k++) {
-    if (kinds[k] == SPW_IO_URING && !uring_available()) continue;
+    if (kinds[k] == SPW_IO_URING && !have_uring) continue;
     for (size_t t = 0; t < sizeof kind_tests / sizeof kind_tests[0]; t++) {
       kind_tests[t].fn(kinds[k]);
       printf("ok %s [%s]\n", kind_tests[t].name, kind_name(kinds[k]));
     }
   }
-  test_refused_io_uring_falls_back_or_is_unsupported();
-  printf("ok test_refused_io_uring_falls_back_or_is_unsupported\n");
+  /* Refusing io_uring only shows something where it would otherwise work (and is built). */
+  if (have_uring) {
+    test_refused_io_uring_falls_back_or_is_unsupported();
+    printf("ok test_refused_io_uring_falls_back_or_is_unsupported\n");
+  }
   return 0;
 }
