@@ -16,7 +16,7 @@ static size_t hash_stream(spw_stream_t s) {
 
 static void entry_init(spw_stream_entry_t *e, spw_stream_t key, spw_stream_t bstream) {
   memset(e, 0, sizeof *e);
-  e->key = key;
+  atomic_init(&e->key, key);
   e->bstream = bstream;
   spw__spin_init(&e->lock_mu);
 }
@@ -47,7 +47,13 @@ spw_stream_entry_t *spw__streams_find(spw_stream_table_t *t, spw_stream_t s) {
     spw_stream_entry_t *e = atomic_load_explicit(&t->slots[(h + i) & (SPW_STREAM_TABLE_CAP - 1)],
                                                  memory_order_acquire);
     if (!e) return NULL;
-    if (e->key == s) return atomic_load_explicit(&e->live, memory_order_acquire) ? e : NULL;
+    if (atomic_load_explicit(&e->key, memory_order_acquire) != s) continue;
+    /* live, then the key again: an entry taken over by another stream sets its new key
+     * before live, so a live entry whose key is still s is s's own. */
+    if (atomic_load_explicit(&e->live, memory_order_acquire) &&
+        atomic_load_explicit(&e->key, memory_order_acquire) == s)
+      return e;
+    return NULL;
   }
   return NULL;
 }
@@ -63,19 +69,22 @@ int spw__streams_insert(spw_stream_table_t *t, spw_stream_t s, spw_stream_t bstr
   pthread_mutex_lock(&t->mu);
   size_t h = hash_stream(s);
   int status = SPW_ERR_BUSY;
-  for (size_t i = 0; i < SPW_STREAM_TABLE_CAP; i++) {
+  spw_stream_entry_t *dead = NULL; /* the first dead entry on s's probe path */
+  size_t i = 0;
+  for (; i < SPW_STREAM_TABLE_CAP; i++) {
     size_t at = (h + i) & (SPW_STREAM_TABLE_CAP - 1);
     spw_stream_entry_t *e = atomic_load_explicit(&t->slots[at], memory_order_relaxed);
-    if (e && e->key != s) continue;
-    if (e) {
-      if (atomic_load(&e->live)) {
-        *existed = 1;
-      } else {
-        e->bstream = bstream;
-        e->owned = owned;
-        atomic_store_explicit(&e->live, 1, memory_order_release);
+    if (!e) {
+      /* s has no entry: take over a dead one on the way, else fill this empty slot. */
+      if (dead) {
+        atomic_store_explicit(&dead->key, s, memory_order_release);
+        dead->bstream = bstream;
+        dead->owned = owned;
+        atomic_store_explicit(&dead->live, 1, memory_order_release);
+        *out = dead;
+        status = SPW_OK;
+        break;
       }
-    } else {
       e = malloc(sizeof *e);
       if (!e) {
         status = SPW_ERR_SYSTEM;
@@ -85,10 +94,33 @@ int spw__streams_insert(spw_stream_table_t *t, spw_stream_t s, spw_stream_t bstr
       e->owned = owned;
       atomic_store(&e->live, 1);
       atomic_store_explicit(&t->slots[at], e, memory_order_release);
+      *out = e;
+      status = SPW_OK;
+      break;
+    }
+    int live = atomic_load(&e->live);
+    if (atomic_load_explicit(&e->key, memory_order_relaxed) != s) {
+      if (!live && !dead) dead = e;
+      continue;
+    }
+    if (live) {
+      *existed = 1;
+    } else {
+      e->bstream = bstream;
+      e->owned = owned;
+      atomic_store_explicit(&e->live, 1, memory_order_release);
     }
     *out = e;
     status = SPW_OK;
     break;
+  }
+  if (status == SPW_ERR_BUSY && dead) { /* a full table of entries, some dead: reuse one */
+    atomic_store_explicit(&dead->key, s, memory_order_release);
+    dead->bstream = bstream;
+    dead->owned = owned;
+    atomic_store_explicit(&dead->live, 1, memory_order_release);
+    *out = dead;
+    status = SPW_OK;
   }
   pthread_mutex_unlock(&t->mu);
   return status;

@@ -2,10 +2,12 @@
 /* Private header, never installed: the streams a runtime knows and their lock maps.
  *
  * An entry per stream value, in an open-addressed table of fixed capacity whose slots are
- * filled once and never emptied: unregistering a stream only clears `live`, and registering
- * the same value again (CUDA reuses stream addresses) revives that entry. So lookups need no
- * lock and an entry pointer stays valid for the runtime's life. The NULL stream has its own
- * entry outside the table.
+ * filled once and never emptied, so probe chains never break and an entry pointer stays
+ * valid for the runtime's life. Unregistering a stream only clears `live`; registering the
+ * same value again (CUDA reuses stream addresses) revives that entry, and a new value may
+ * take over a dead entry on its probe path (its key is rewritten before `live` is set, and a
+ * lookup reads the key again after `live`, so it never mistakes one incarnation for
+ * another). Lookups need no lock. The NULL stream has its own entry outside the table.
  *
  * A lock map is the list of buffer handles locked on that stream, one entry per lock (so
  * nested locks appear several times), guarded by the entry's spin lock. Lock order: a slot's
@@ -21,10 +23,10 @@
 #include "spillway/spillway.h"
 #include "spin.h"
 
-#define SPW_STREAM_TABLE_CAP 4096u /* streams known at once, per runtime */
+#define SPW_STREAM_TABLE_CAP 4096u /* streams live at once, per runtime */
 
 typedef struct spw_stream_entry {
-  spw_stream_t key;      /* the application's value; immutable once published */
+  _Atomic(spw_stream_t) key; /* the application's value; rewritten only while dead */
   spw_stream_t bstream;  /* what the backend is given (host: NULL maps to its default) */
   atomic_int live;       /* 1 while created / registered */
   int owned;             /* created by spw_stream_create: destroyed with the runtime */

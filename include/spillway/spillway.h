@@ -225,8 +225,8 @@ SPW_API int spw_stream_destroy(spw_runtime_t *rt, spw_stream_t stream);
 
 /* CUDA backend: makes a stream the application created known to the runtime so it may be
  * passed to acquire. Registering twice is SPW_OK. Host backend: SPW_ERR_UNSUPPORTED.
- * A runtime remembers up to 4096 distinct stream values over its life (an unregistered or
- * destroyed stream's value may come back and reuses its entry); past that, SPW_ERR_BUSY. */
+ * Up to 4096 streams may be known to a runtime at once (created or registered, not yet
+ * destroyed or unregistered); past that, SPW_ERR_BUSY. */
 SPW_API int spw_stream_register(spw_runtime_t *rt, spw_stream_t stream);
 
 /* Synchronizes `stream`, releases its locks and forgets it (the stream itself is not
