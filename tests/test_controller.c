@@ -103,16 +103,6 @@ static void fill(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, size_t n, uint6
   free(src);
 }
 
-static void expect_contents(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, size_t n,
-                            uint64_t seed) {
-  uint8_t *got = malloc(n);
-  ASSERT_TRUE(got != NULL);
-  memset(got, 0, n);
-  test_read(rt, b, s, got, n);
-  ASSERT_UEQ(test_first_mismatch(got, n, seed), (size_t)-1);
-  free(got);
-}
-
 static void callbacks_see_every_event_with_right_bytes(void) {
   const size_t na = 1000, nb = 70000;
   spw_runtime_t *rt = test_runtime(NULL);
@@ -127,7 +117,7 @@ static void callbacks_see_every_event_with_right_bytes(void) {
   fill(rt, a, s, na, 1);
   ASSERT_OK(spw_spill(rt, a, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
-  expect_contents(rt, a, s, na, 1); /* read-only: a clean host copy is kept */
+  test_expect_fill(rt, a, s, na, 1); /* read-only: a clean host copy is kept */
   ASSERT_OK(spw_spill(rt, a, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
   fill(rt, a, s, na, 2); /* writable: moves bytes again */
@@ -195,8 +185,8 @@ static void pressure_callback_victims_are_the_ones_spilled(void) {
   ASSERT_OK(spw_get_stats(rt, &st));
   ASSERT_UEQ(st.spills_on_demand, 1);
   ASSERT_OK(spw_set_controller(rt, NULL, NULL));
-  expect_contents(rt, b[0], s, n, 10);
-  expect_contents(rt, b[2], s, n, 12);
+  test_expect_fill(rt, b[0], s, n, 10);
+  test_expect_fill(rt, b[2], s, n, 12);
   for (int i = 0; i < 4; i++) ASSERT_OK(spw_free(rt, b[i]));
   ASSERT_OK(spw_runtime_destroy(rt));
   pthread_mutex_destroy(&r.mu);
@@ -234,7 +224,7 @@ static void pressure_victims_that_are_locked_are_skipped(void) {
   ASSERT_EQ(state_of(rt, b[1]), SPW_STATE_RESIDENT);
   ASSERT_OK(spw_stream_synchronize(rt, sl));
   ASSERT_OK(spw_set_controller(rt, NULL, NULL));
-  for (int i = 0; i < 3; i++) expect_contents(rt, b[i], s, n, 20 + (uint64_t)i);
+  for (int i = 0; i < 3; i++) test_expect_fill(rt, b[i], s, n, 20 + (uint64_t)i);
   for (int i = 0; i < 4; i++) ASSERT_OK(spw_free(rt, b[i]));
   ASSERT_OK(spw_runtime_destroy(rt));
   pthread_mutex_destroy(&r.mu);
@@ -276,8 +266,8 @@ static void callback_wait_is_refused_and_spill_works(void) {
   ASSERT_STATUS(r.spill_status, SPW_OK);
   ASSERT_EQ(state_of(rt, r.other), SPW_STATE_HOST);
   ASSERT_OK(spw_set_controller(rt, NULL, NULL));
-  expect_contents(rt, r.trigger, s, n, 30);
-  expect_contents(rt, r.other, s, n, 31);
+  test_expect_fill(rt, r.trigger, s, n, 30);
+  test_expect_fill(rt, r.other, s, n, 31);
   ASSERT_OK(spw_free(rt, r.trigger));
   ASSERT_OK(spw_free(rt, r.other));
   ASSERT_OK(spw_runtime_destroy(rt));

@@ -27,13 +27,6 @@
 
 static uint64_t seed0;
 
-static uint64_t splitmix(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 /* ---- contents: a test_fill template with a stamp per 4 KiB page ---------------------
  * The stamp names the buffer, the write and the page, so a stale, misplaced or foreign
  * page shows, while filling and checking cost memcpy / memcmp, not a byte loop. */
@@ -137,7 +130,7 @@ static void buffers_go_device_host_disk_device_intact(void) {
   uint64_t rng = seed0;
   size_t sizes[20] = {1, 7, 4095, 4096, 4097, 12345, 1 * MIB + 1};
   const size_t nb = sizeof sizes / sizeof sizes[0];
-  for (size_t i = 7; i < nb; i++) sizes[i] = 1 + (size_t)(splitmix(&rng) % (3 * MIB / 2));
+  for (size_t i = 7; i < nb; i++) sizes[i] = 1 + (size_t)(test_splitmix(&rng) % (3 * MIB / 2));
   spw_buf_t b[20];
   for (size_t i = 0; i < nb; i++) {
     b[i] = filled(rt, s, sizes[i], i);
@@ -222,7 +215,7 @@ typedef struct dt_worker {
 static void *dt_main(void *arg) {
   dt_worker_t *w = arg;
   for (int r = 0; r < DT_ROUNDS; r++) {
-    int i = (int)(splitmix(&w->rng) % DT_PER_THREAD);
+    int i = (int)(test_splitmix(&w->rng) % DT_PER_THREAD);
     void *d = NULL;
     ASSERT_OK(spw_acquire(w->rt, w->b[i], w->s, 0, &d));
     ASSERT_OK(spw_memcpy_async(w->rt, w->readback, d, w->n[i], w->s));
@@ -256,7 +249,7 @@ static void four_threads_under_pressure_keep_contents(void) {
     ASSERT_TRUE(w[t].readback && w[t].src);
     ASSERT_OK(spw_stream_create(rt, &w[t].s));
     for (int i = 0; i < DT_PER_THREAD; i++) {
-      w[t].n[i] = 4096 + (size_t)(splitmix(&w[t].rng) % (MIB - 4096)); /* rarely page-sized */
+      w[t].n[i] = 4096 + (size_t)(test_splitmix(&w[t].rng) % (MIB - 4096)); /* rarely page-sized */
       w[t].version[i] = ((uint64_t)t << 40) | ((uint64_t)i << 24);
       w[t].b[i] = filled(rt, w[t].s, w[t].n[i], w[t].version[i]);
     }

@@ -30,13 +30,6 @@
 
 static uint64_t seed0;
 
-static uint64_t splitmix(uint64_t *state) {
-  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
-  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-  return z ^ (z >> 31);
-}
-
 /* ---- contents: template + per-page stamp ---------------------------------------------- */
 
 #define MAX_BUF (1 * MIB)
@@ -180,11 +173,11 @@ static void finish(worker_t *w, int k) {
 static void *worker_main(void *arg) {
   worker_t *w = arg;
   for (int r = 0; r < ROUNDS; r++) {
-    int k = (int)(splitmix(&w->rng) % STREAMS_PER_THREAD);
+    int k = (int)(test_splitmix(&w->rng) % STREAMS_PER_THREAD);
     finish(w, k);
     int i;
     for (;;) {
-      i = (int)(splitmix(&w->rng) % w->nbufs);
+      i = (int)(test_splitmix(&w->rng) % w->nbufs);
       int expected = 0;
       if (atomic_compare_exchange_strong(&w->bufs[i].busy, &expected, 1)) break;
     }
@@ -196,7 +189,7 @@ static void *worker_main(void *arg) {
     make_contents(w->src[k], b->n, nv);
     ASSERT_OK(spw_memcpy_async(w->rt, d, w->src[k], b->n, w->s[k]));
     w->p[k] = (pending_t){i, b->version, nv};
-    if (splitmix(&w->rng) & 1) {
+    if (test_splitmix(&w->rng) & 1) {
       finish(w, k);
       w->rounds_sync++;
     } else {
@@ -227,7 +220,7 @@ static void threads_over_four_times_the_budget_keep_contents(void) {
   monitor_start(&mon, rt);
   while (total < 4 * BUDGET) {
     shared_buf_t *b = &bufs[nbufs];
-    b->n = lo + (size_t)(splitmix(&rng) % (hi - lo + 1));
+    b->n = lo + (size_t)(test_splitmix(&rng) % (hi - lo + 1));
     ASSERT_OK(spw_alloc(rt, b->n, s0, &b->h));
     b->version = (uint64_t)nbufs << 24;
     make_contents(staging, b->n, b->version);

@@ -37,16 +37,6 @@ static spw_buf_t filled(spw_runtime_t *rt, spw_stream_t s, size_t n, uint64_t se
   return b;
 }
 
-static void expect_contents(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, size_t n,
-                            uint64_t seed) {
-  uint8_t *got = malloc(n);
-  ASSERT_TRUE(got != NULL);
-  memset(got, 0, n);
-  test_read(rt, b, s, got, n);
-  ASSERT_UEQ(test_first_mismatch(got, n, seed), (size_t)-1);
-  free(got);
-}
-
 static void copy_failure_during_spill_keeps_buffer_resident(void) {
   const size_t n = 1 * MIB + 3;
   spw_runtime_t *rt = test_runtime(NULL);
@@ -66,7 +56,7 @@ static void copy_failure_during_spill_keeps_buffer_resident(void) {
   ASSERT_UEQ(st.host_bytes, 0);
   ASSERT_UEQ(st.device_bytes, n);
   ASSERT_UEQ(arena_in_use(rt), 0); /* the extent taken for the copy went back */
-  expect_contents(rt, b, s, n, 1);
+  test_expect_fill(rt, b, s, n, 1);
 
   /* The runtime is not left broken: the next spill works, and a free from the host tier
    * gives every byte back. */
@@ -102,7 +92,7 @@ static void async_error_reports_failed_spill(void) {
   ASSERT_OK(spw_async_error(rt));
   ASSERT_OK(spw_wait_idle(rt));
   ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT);
-  expect_contents(rt, b, s, n, 2);
+  test_expect_fill(rt, b, s, n, 2);
   ASSERT_OK(spw_free(rt, b));
   ASSERT_OK(spw_runtime_destroy(rt));
 }
@@ -134,7 +124,7 @@ static void copy_failure_during_unspill_fails_acquire(void) {
   ASSERT_UEQ(st.host_bytes, n);
 
   /* Later, without the fault, it comes back whole. */
-  expect_contents(rt, b, s, n, 3);
+  test_expect_fill(rt, b, s, n, 3);
   ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT);
   ASSERT_OK(spw_free(rt, b));
   ASSERT_OK(spw_stream_synchronize(rt, s));
@@ -159,12 +149,12 @@ static void host_register_failure_with_empty_arena_fails_spill(void) {
   ASSERT_UEQ(st.failures, failures + 1);
   ASSERT_UEQ(st.host_pinned_bytes, 0); /* the slab that could not be pinned is gone */
   ASSERT_UEQ(st.host_bytes, 0);
-  expect_contents(rt, b, s, n, 4);
+  test_expect_fill(rt, b, s, n, 4);
 
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
   ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
-  expect_contents(rt, b, s, n, 4);
+  test_expect_fill(rt, b, s, n, 4);
   ASSERT_OK(spw_free(rt, b));
   ASSERT_OK(spw_runtime_destroy(rt));
 }
@@ -225,7 +215,7 @@ static void full_host_arena_without_disk_fails_allocation_cleanly(void) {
    * on the device by freeing two of them, the ones on the host. */
   int freed = 0;
   for (int i = 0; i < nb; i++)
-    if (state_of(rt, b[i]) == SPW_STATE_RESIDENT) expect_contents(rt, b[i], s, n, 100 + (uint64_t)i);
+    if (state_of(rt, b[i]) == SPW_STATE_RESIDENT) test_expect_fill(rt, b[i], s, n, 100 + (uint64_t)i);
   for (int i = 0; i < nb && freed < 2; i++)
     if (state_of(rt, b[i]) == SPW_STATE_RESIDENT) {
       ASSERT_OK(spw_free(rt, b[i]));
@@ -233,7 +223,7 @@ static void full_host_arena_without_disk_fails_allocation_cleanly(void) {
       freed++;
     }
   for (int i = 0; i < nb; i++)
-    if (b[i] != SPW_BUF_NULL) expect_contents(rt, b[i], s, n, 100 + (uint64_t)i);
+    if (b[i] != SPW_BUF_NULL) test_expect_fill(rt, b[i], s, n, 100 + (uint64_t)i);
   for (int i = 0; i < nb; i++)
     if (b[i] != SPW_BUF_NULL) ASSERT_OK(spw_free(rt, b[i]));
   const int idle2 = spw_wait_idle(rt);
@@ -259,7 +249,7 @@ static void alloc_failure_allocates_nothing(void) {
   ASSERT_UEQ(st.buffers, before.buffers);
   ASSERT_LE(st.device_bytes, before.device_bytes); /* a retry may have spilled `keep` */
   ASSERT_TRUE(strlen(spw_last_error(rt)) > 0);
-  expect_contents(rt, keep, s, 4096, 5);
+  test_expect_fill(rt, keep, s, 4096, 5);
 
   ASSERT_OK(spw_alloc(rt, 1 * MIB, s, &out));
   ASSERT_UEQ(stats_of(rt).buffers, before.buffers + 1);
@@ -278,7 +268,7 @@ static void alloc_refused_once_is_retried(void) {
   spw__inject_fault(rt, SPW_FAULT_ALLOC, 1);
   spw_buf_t b = filled(rt, s, 1 * MIB, 6);
   ASSERT_UEQ(stats_of(rt).buffers, 1);
-  expect_contents(rt, b, s, 1 * MIB, 6);
+  test_expect_fill(rt, b, s, 1 * MIB, 6);
   ASSERT_OK(spw_free(rt, b));
   ASSERT_OK(spw_runtime_destroy(rt));
 }

@@ -144,4 +144,23 @@ static inline size_t test_first_mismatch(const void *p, size_t n, uint64_t seed)
   return (size_t)-1;
 }
 
+/* Checks that b holds test_fill(seed) over its n bytes (read-only acquire on s). */
+static inline void test_expect_fill(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, size_t n,
+                                    uint64_t seed) {
+  uint8_t *got = (uint8_t *)malloc(n);
+  ASSERT_TRUE(got != NULL);
+  memset(got, 0, n);
+  test_read(rt, b, s, got, n);
+  ASSERT_UEQ(test_first_mismatch(got, n, seed), (size_t)-1);
+  free(got);
+}
+
+/* SplitMix64: a reproducible random stream from a seed (tests print their seed). */
+static inline uint64_t test_splitmix(uint64_t *state) {
+  uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  return z ^ (z >> 31);
+}
+
 #endif /* SPILLWAY_TESTS_TEST_UTIL_H */
