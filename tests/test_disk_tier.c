@@ -23,39 +23,12 @@
 #include "test_util.h"
 
 #define MIB ((size_t)1 << 20)
-#define PAGE 4096u
 
 static uint64_t seed0;
 
-/* ---- contents: a test_fill template with a stamp per 4 KiB page ---------------------
- * The stamp names the buffer, the write and the page, so a stale, misplaced or foreign
- * page shows, while filling and checking cost memcpy / memcmp, not a byte loop. */
-
+/* Contents: test_page_fill over this test_fill template (see test_util.h). */
 #define MAX_BUF (6 * MIB)
 static uint8_t *tmpl;
-
-static void stamp_of(uint8_t out[8], uint64_t version, size_t page) {
-  uint64_t v = version * 0x100000ull + page;
-  memcpy(out, &v, 8);
-}
-
-static void make_contents(uint8_t *dst, size_t n, uint64_t version) {
-  memcpy(dst, tmpl, n);
-  for (size_t off = 0; off + 8 <= n; off += PAGE) stamp_of(dst + off, version, off / PAGE);
-}
-
-static size_t check_contents(const uint8_t *got, size_t n, uint64_t version) {
-  for (size_t off = 0; off < n; off += PAGE) {
-    size_t len = n - off < PAGE ? n - off : PAGE;
-    uint8_t page[PAGE];
-    memcpy(page, tmpl + off, len);
-    if (len >= 8) stamp_of(page, version, off / PAGE);
-    if (memcmp(got + off, page, len) != 0)
-      for (size_t i = 0; i < len; i++)
-        if (got[off + i] != page[i]) return off + i;
-  }
-  return (size_t)-1;
-}
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
@@ -89,7 +62,7 @@ static spw_runtime_t *disk_runtime(const char *dir, uint64_t device_limit, uint6
 static spw_buf_t filled(spw_runtime_t *rt, spw_stream_t s, size_t n, uint64_t version) {
   uint8_t *src = malloc(n);
   ASSERT_TRUE(src != NULL);
-  make_contents(src, n, version);
+  test_page_fill(src, n, tmpl, version);
   spw_buf_t b;
   ASSERT_OK(spw_alloc(rt, n, s, &b));
   test_write(rt, b, s, src, n);
@@ -103,7 +76,7 @@ static void expect_contents(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, size
   ASSERT_TRUE(got != NULL);
   memset(got, 0, n);
   test_read(rt, b, s, got, n);
-  size_t bad = check_contents(got, n, version);
+  size_t bad = test_page_mismatch(got, n, tmpl, version);
   if (bad != (size_t)-1) {
     fprintf(stderr, "%zu-byte buffer, version %#" PRIx64 ": first bad byte at %zu\n", n, version,
             bad);
@@ -220,10 +193,10 @@ static void *dt_main(void *arg) {
     ASSERT_OK(spw_acquire(w->rt, w->b[i], w->s, 0, &d));
     ASSERT_OK(spw_memcpy_async(w->rt, w->readback, d, w->n[i], w->s));
     uint64_t nv = w->version[i] + 1;
-    make_contents(w->src, w->n[i], nv);
+    test_page_fill(w->src, w->n[i], tmpl, nv);
     ASSERT_OK(spw_memcpy_async(w->rt, d, w->src, w->n[i], w->s));
     ASSERT_OK(spw_stream_synchronize(w->rt, w->s));
-    size_t bad = check_contents(w->readback, w->n[i], w->version[i]);
+    size_t bad = test_page_mismatch(w->readback, w->n[i], tmpl, w->version[i]);
     if (bad != (size_t)-1) {
       fprintf(stderr, "thread %d buffer %d (%zu bytes): first bad byte at %zu\n", w->id, i,
               w->n[i], bad);

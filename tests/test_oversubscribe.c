@@ -26,40 +26,12 @@
 #else
 #define BUDGET (64 * MIB)
 #endif
-#define PAGE 4096u
 
 static uint64_t seed0;
 
-/* ---- contents: template + per-page stamp ---------------------------------------------- */
-
+/* Contents: test_page_fill over this test_fill template (see test_util.h). */
 #define MAX_BUF (1 * MIB)
 static uint8_t *tmpl; /* MAX_BUF bytes of test_fill */
-
-static void stamp_of(uint8_t out[8], uint64_t version, size_t page) {
-  uint64_t v = version * 0x100000ull + page;
-  memcpy(out, &v, 8);
-}
-
-/* `version` must differ for every write of every buffer: (buffer index << 24) | count. */
-static void make_contents(uint8_t *dst, size_t n, uint64_t version) {
-  memcpy(dst, tmpl, n);
-  for (size_t off = 0; off + 8 <= n; off += PAGE) stamp_of(dst + off, version, off / PAGE);
-}
-
-/* Offset of the first wrong byte, or -1. */
-static size_t check_contents(const uint8_t *got, size_t n, uint64_t version) {
-  for (size_t off = 0; off < n; off += PAGE) {
-    size_t len = n - off < PAGE ? n - off : PAGE;
-    uint8_t page[PAGE];
-    memcpy(page, tmpl + off, len);
-    if (len >= 8) stamp_of(page, version, off / PAGE);
-    if (memcmp(got + off, page, len) != 0) {
-      for (size_t i = 0; i < len; i++)
-        if (got[off + i] != page[i]) return off + i;
-    }
-  }
-  return (size_t)-1;
-}
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
@@ -80,7 +52,7 @@ static void expect_version(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, uint8
                            size_t n, uint64_t version) {
   memset(scratch, 0, n);
   test_read(rt, b, s, scratch, n);
-  size_t bad = check_contents(scratch, n, version);
+  size_t bad = test_page_mismatch(scratch, n, tmpl, version);
   if (bad != (size_t)-1) {
     fprintf(stderr, "buffer %#" PRIx64 " (%zu bytes, version %#" PRIx64 "): first bad byte %zu\n",
             b, n, version, bad);
@@ -159,7 +131,7 @@ static void finish(worker_t *w, int k) {
   if (w->p[k].buf < 0) return;
   ASSERT_OK(spw_stream_synchronize(w->rt, w->s[k]));
   shared_buf_t *b = &w->bufs[w->p[k].buf];
-  size_t bad = check_contents(w->readback[k], b->n, w->p[k].read_version);
+  size_t bad = test_page_mismatch(w->readback[k], b->n, tmpl, w->p[k].read_version);
   if (bad != (size_t)-1) {
     fprintf(stderr, "buffer %d (%zu bytes, version %#" PRIx64 "): first bad byte %zu\n",
             w->p[k].buf, b->n, w->p[k].read_version, bad);
@@ -186,7 +158,7 @@ static void *worker_main(void *arg) {
     ASSERT_OK(spw_acquire(w->rt, b->h, w->s[k], 0, &d));
     ASSERT_OK(spw_memcpy_async(w->rt, w->readback[k], d, b->n, w->s[k]));
     const uint64_t nv = ((uint64_t)i << 24) | ++b->writes;
-    make_contents(w->src[k], b->n, nv);
+    test_page_fill(w->src[k], b->n, tmpl, nv);
     ASSERT_OK(spw_memcpy_async(w->rt, d, w->src[k], b->n, w->s[k]));
     w->p[k] = (pending_t){i, b->version, nv};
     if (test_splitmix(&w->rng) & 1) {
@@ -223,7 +195,7 @@ static void threads_over_four_times_the_budget_keep_contents(void) {
     b->n = lo + (size_t)(test_splitmix(&rng) % (hi - lo + 1));
     ASSERT_OK(spw_alloc(rt, b->n, s0, &b->h));
     b->version = (uint64_t)nbufs << 24;
-    make_contents(staging, b->n, b->version);
+    test_page_fill(staging, b->n, tmpl, b->version);
     upload(rt, b->h, s0, staging, b->n);
     total += b->n;
     nbufs++;
@@ -332,14 +304,15 @@ static void locked_buffer_is_never_moved_under_pressure(void) {
     src[i] = malloc(n);
     ASSERT_TRUE(src[i] != NULL);
     for (size_t off = 0; off < n; off += MAX_BUF)
-      make_contents(src[i] + off, MAX_BUF, ((uint64_t)i << 24) | (off / MAX_BUF));
+      test_page_fill(src[i] + off, MAX_BUF, tmpl, ((uint64_t)i << 24) | (off / MAX_BUF));
     ASSERT_OK(spw_alloc(rt, n, sl, &lw.b[i]));
     ASSERT_OK(spw_acquire(rt, lw.b[i], sl, 0, &held[i]));
     ASSERT_OK(spw_memcpy_async(rt, held[i], src[i], n, sl));
   }
   uint8_t *staging = malloc(n);
   ASSERT_TRUE(staging != NULL);
-  for (size_t off = 0; off < n; off += MAX_BUF) make_contents(staging + off, MAX_BUF, 0xFFFFFF);
+  for (size_t off = 0; off < n; off += MAX_BUF)
+    test_page_fill(staging + off, MAX_BUF, tmpl, 0xFFFFFF);
 
   pthread_t watcher;
   ASSERT_EQ(pthread_create(&watcher, NULL, lock_watch_main, &lw), 0);
@@ -375,7 +348,8 @@ static void locked_buffer_is_never_moved_under_pressure(void) {
   ASSERT_OK(spw_stream_synchronize(rt, sl));
   for (int i = 0; i < NLOCKED; i++) {
     for (size_t off = 0; off < n; off += MAX_BUF)
-      ASSERT_UEQ(check_contents(got[i] + off, MAX_BUF, ((uint64_t)i << 24) | (off / MAX_BUF)),
+      ASSERT_UEQ(test_page_mismatch(got[i] + off, MAX_BUF, tmpl,
+                                    ((uint64_t)i << 24) | (off / MAX_BUF)),
                  (size_t)-1);
     free(got[i]);
   }

@@ -163,4 +163,36 @@ static inline uint64_t test_splitmix(uint64_t *state) {
   return z ^ (z >> 31);
 }
 
+/* Page-stamped contents, for tests that move many large buffers: a test_fill template (the
+ * caller's, at least n bytes) with the first 8 bytes of every 4 KiB page replaced by a stamp
+ * of (version, page). A stale, misplaced or foreign page shows, while filling and checking
+ * cost memcpy / memcmp rather than a byte loop. `version` must differ for every write. */
+#define TEST_PAGE 4096u
+
+static inline void test_page_stamp(uint8_t out[8], uint64_t version, size_t page) {
+  uint64_t v = version * 0x100000ull + page;
+  memcpy(out, &v, 8);
+}
+
+static inline void test_page_fill(uint8_t *dst, size_t n, const uint8_t *tmpl, uint64_t version) {
+  memcpy(dst, tmpl, n);
+  for (size_t off = 0; off + 8 <= n; off += TEST_PAGE)
+    test_page_stamp(dst + off, version, off / TEST_PAGE);
+}
+
+/* Offset of the first wrong byte, or (size_t)-1. */
+static inline size_t test_page_mismatch(const uint8_t *got, size_t n, const uint8_t *tmpl,
+                                        uint64_t version) {
+  for (size_t off = 0; off < n; off += TEST_PAGE) {
+    size_t len = n - off < TEST_PAGE ? n - off : TEST_PAGE;
+    uint8_t page[TEST_PAGE];
+    memcpy(page, tmpl + off, len);
+    if (len >= 8) test_page_stamp(page, version, off / TEST_PAGE);
+    if (memcmp(got + off, page, len) != 0)
+      for (size_t k = 0; k < len; k++)
+        if (got[off + k] != page[k]) return off + k;
+  }
+  return (size_t)-1;
+}
+
 #endif /* SPILLWAY_TESTS_TEST_UTIL_H */
