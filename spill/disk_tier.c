@@ -175,13 +175,6 @@ int spw__disk_write_host(spw_runtime_t *rt, const void *host_src, size_t bytes,
   return SPW_OK;
 }
 
-int spw__disk_read_host(spw_runtime_t *rt, const spw_disk_extent_t *src, void *host_dst,
-                        size_t bytes) {
-  struct spw_disk *d = rt->disk;
-  size_t len = round_up(bytes, spw__spill_file_alignment(d->file));
-  return spw__io_read_all(d->io, host_dst, len, src->off);
-}
-
 static pipe_t *take_pipe(struct spw_disk *d, int *index) {
   pthread_mutex_lock(&d->mu);
   for (;;) {

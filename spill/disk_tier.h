@@ -23,9 +23,6 @@ void spw__disk_close(spw_runtime_t *rt);
 /* host_src: arena memory (4096-aligned, readable up to the rounded length). */
 int spw__disk_write_host(spw_runtime_t *rt, const void *host_src, size_t bytes,
                          spw_disk_extent_t *out);
-/* host_dst: arena memory with room for the rounded length. */
-int spw__disk_read_host(spw_runtime_t *rt, const spw_disk_extent_t *src, void *host_dst,
-                        size_t bytes);
 /* Device memory straight to disk and back, through the staging slots; copies run on the
  * engine's streams. */
 int spw__disk_write_device(spw_runtime_t *rt, const void *dptr, size_t bytes,

@@ -185,6 +185,27 @@ typedef struct dt_worker {
   pthread_t thread;
 } dt_worker_t;
 
+/* A spill to host that finds no host memory (the buffer is larger than the whole host tier,
+ * and there is nothing to demote) goes straight to disk: the device needs the room. */
+static void spill_to_a_full_host_tier_goes_to_disk(void) {
+  char dir[] = "/tmp/spw-test-disk-XXXXXX";
+  make_dir(dir);
+  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 1 * MIB);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  const size_t n = 3 * MIB + 5;
+  spw_buf_t b = filled(rt, s, n, 70);
+  spill_wait(rt, b, SPW_TIER_HOST, SPW_STATE_DISK);
+  const spw_stats_t st = stats_of(rt);
+  ASSERT_UEQ(st.device_bytes, 0);
+  ASSERT_UEQ(st.host_bytes, 0);
+  ASSERT_UEQ(st.disk_bytes, n);
+  expect_contents(rt, b, s, n, 70);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(rmdir(dir), 0);
+}
+
 static void *dt_main(void *arg) {
   dt_worker_t *w = arg;
   for (int r = 0; r < DT_ROUNDS; r++) {
@@ -429,6 +450,7 @@ int main(void) {
   skip_if_uring_refused();
   RUN(buffers_go_device_host_disk_device_intact);
   RUN(spill_to_disk_tier_skips_the_host);
+  RUN(spill_to_a_full_host_tier_goes_to_disk);
   RUN(four_threads_under_pressure_keep_contents);
   RUN(write_eio_keeps_buffer_on_host);
   RUN(write_eio_on_direct_spill_keeps_buffer_resident);

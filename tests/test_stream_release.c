@@ -336,6 +336,79 @@ static void destroy_with_a_locked_buffer_is_busy(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
+typedef struct opener {
+  gate_t *g;
+  long after_ms;
+} opener_t;
+
+static void *open_later(void *arg) {
+  opener_t *o = arg;
+  sleep_ms(o->after_ms);
+  gate_open(o->g);
+  return NULL;
+}
+
+/* Fills a 4 MiB budget with buffers locked on s behind a closed gate, then hands their locks
+ * to release_async. */
+static spw_runtime_t *budget_locked_behind(gate_t *g, spw_stream_t *s, spw_buf_t b[4]) {
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.device_limit = 4 << 20;
+  spw_runtime_t *rt = test_runtime(&cfg);
+  void *d;
+  ASSERT_OK(spw_stream_create(rt, s));
+  for (int i = 0; i < 4; i++) {
+    ASSERT_OK(spw_alloc(rt, 1 << 20, *s, &b[i]));
+    ASSERT_OK(spw_acquire(rt, b[i], *s, 0, &d));
+  }
+  ASSERT_OK(spw_launch_host_func(rt, *s, gate_wait, g));
+  ASSERT_OK(spw_stream_release_async(rt, *s));
+  return rt;
+}
+
+/* Everything on the device is locked, but by work already handed to release_async: an
+ * allocation waits for those locks to go (then spills one of them) instead of failing. */
+static void alloc_waits_for_locks_that_release_async_will_release(void) {
+  gate_t g;
+  gate_init(&g);
+  spw_stream_t s;
+  spw_buf_t b[4], extra;
+  spw_runtime_t *rt = budget_locked_behind(&g, &s, b);
+  opener_t o = {&g, 200};
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, open_later, &o), 0);
+  ASSERT_OK(spw_alloc(rt, 1 << 20, NULL, &extra));
+  ASSERT_EQ(pthread_join(t, NULL), 0);
+  ASSERT_TRUE(!gate_timed_out(&g));
+  ASSERT_GE(stats_of(rt).spills, 1);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_OK(spw_free(rt, extra));
+  for (int i = 0; i < 4; i++) ASSERT_OK(spw_free(rt, b[i]));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  gate_fini(&g);
+}
+
+/* The wait is bounded: work that does not complete (here, a gate that stays shut) ends in
+ * SPW_ERR_OUT_OF_MEMORY after about two seconds, not in a hang. */
+static void alloc_wait_for_pending_releases_is_bounded(void) {
+  gate_t g;
+  gate_init(&g);
+  spw_stream_t s;
+  spw_buf_t b[4], extra;
+  spw_runtime_t *rt = budget_locked_behind(&g, &s, b);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  ASSERT_STATUS(spw_alloc(rt, 1 << 20, NULL, &extra), SPW_ERR_OUT_OF_MEMORY);
+  clock_gettime(CLOCK_MONOTONIC, &t1);
+  double waited = (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) * 1e-9;
+  ASSERT_TRUE(waited >= 1.5 && waited < GATE_TIMEOUT_S);
+  gate_open(&g);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_TRUE(!gate_timed_out(&g));
+  for (int i = 0; i < 4; i++) ASSERT_OK(spw_free(rt, b[i]));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  gate_fini(&g);
+}
+
 int main(void) {
   RUN(release_async_does_not_block_and_releases_when_work_completes);
   RUN(synchronize_waits_for_a_blocked_stream_then_releases);
@@ -343,6 +416,8 @@ int main(void) {
   RUN(synchronize_after_release_async_leaves_no_lock);
   RUN(free_of_a_locked_buffer_keeps_memory_until_release);
   RUN(destroy_with_a_locked_buffer_is_busy);
+  RUN(alloc_waits_for_locks_that_release_async_will_release);
+  RUN(alloc_wait_for_pending_releases_is_bounded);
   printf("ok\n");
   return 0;
 }
