@@ -131,6 +131,47 @@ int spw_stream_release_async(spw_runtime_t *rt, spw_stream_t stream) {
   return st;
 }
 
+int spw_release_n_async(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
+                        spw_stream_t stream) {
+  if (!rt || !bufs || n == 0) return SPW_ERR_INVALID_ARG;
+  spw_stream_entry_t *e;
+  int st = spw__stream_lookup(rt, stream, &e);
+  if (st != SPW_OK) return st;
+  for (size_t i = 0; i < n; i++) {
+    spw_slot_t *s;
+    uint64_t w;
+    st = spw__handles_lookup(&rt->handles, bufs[i], &s, &w);
+    if (st != SPW_OK) return st;
+  }
+  release_job_t *j = malloc(sizeof *j);
+  spw_buf_t *list = malloc(n * sizeof *list);
+  if (!j || !list) {
+    free(j);
+    free(list);
+    return SPW_ERR_SYSTEM;
+  }
+  /* Out of the lock map first, all or nothing: a later synchronize must not release these
+   * locks a second time, and a missing one must leave the map as it was. */
+  size_t removed = 0;
+  for (; removed < n; removed++) {
+    if (!spw__lockmap_remove(e, bufs[removed])) break;
+    list[removed] = bufs[removed];
+  }
+  st = removed == n ? SPW_OK : SPW_ERR_NOT_LOCKED;
+  if (st == SPW_OK) {
+    j->list = list;
+    j->n = n;
+    st = spw__after_stream(rt, e->bstream, release_job_run, j);
+  }
+  if (st != SPW_OK) {
+    for (size_t i = 0; i < removed; i++)
+      if (spw__lockmap_push(e, list[i]) != SPW_OK) spw__unlock(rt, list[i]);
+    free(list);
+    free(j);
+  }
+  return st;
+}
+
 int spw_launch_host_func(spw_runtime_t *rt, spw_stream_t stream, void (*fn)(void *), void *arg) {
   if (!rt || !fn) return SPW_ERR_INVALID_ARG;
   spw_stream_entry_t *e;

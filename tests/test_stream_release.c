@@ -409,6 +409,86 @@ static void alloc_wait_for_pending_releases_is_bounded(void) {
   gate_fini(&g);
 }
 
+/* spw_release_n_async releases only the listed locks, once the stream passes this point;
+ * other locks on the same stream stay, and a later release_async does not see them. */
+static void release_n_async_releases_only_its_buffers_when_work_completes(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b[3];
+  void *d[3];
+  gate_t g;
+  gate_init(&g);
+  ASSERT_OK(spw_stream_create(rt, &s));
+  for (int i = 0; i < 3; i++) ASSERT_OK(spw_alloc(rt, 4096, s, &b[i]));
+  ASSERT_OK(spw_acquire(rt, b[0], s, 0, &d[0]));
+  ASSERT_OK(spw_acquire(rt, b[1], s, 0, &d[1]));
+  ASSERT_OK(spw_acquire(rt, b[1], s, 0, &d[1]));
+  ASSERT_OK(spw_acquire(rt, b[2], s, 0, &d[2]));
+  ASSERT_OK(spw_launch_host_func(rt, s, gate_wait, &g));
+  spw_buf_t mine[3] = {b[0], b[1], b[1]};
+  ASSERT_OK(spw_release_n_async(rt, mine, 3, s));
+  ASSERT_TRUE(!gate_timed_out(&g));
+  gate_await_entered(&g);
+  sleep_ms(50);
+  ASSERT_EQ(locks_of(rt, b[0]), 1);
+  ASSERT_EQ(locks_of(rt, b[1]), 2);
+  /* The listed locks left the map: releasing them again by hand is refused. */
+  ASSERT_STATUS(spw_release(rt, b[0], s), SPW_ERR_NOT_LOCKED);
+  gate_open(&g);
+  ASSERT_TRUE(await_locks(rt, b[0], 0));
+  ASSERT_TRUE(await_locks(rt, b[1], 0));
+  ASSERT_EQ(locks_of(rt, b[2]), 1);
+  ASSERT_OK(spw_release(rt, b[2], s));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  for (int i = 0; i < 3; i++) ASSERT_OK(spw_free(rt, b[i]));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  gate_fini(&g);
+}
+
+/* All or nothing: one buffer listed more often than it is locked changes nothing. */
+static void release_n_async_with_a_missing_lock_changes_nothing(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s, other;
+  spw_buf_t a, b;
+  void *d;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_stream_create(rt, &other));
+  ASSERT_OK(spw_alloc(rt, 4096, s, &a));
+  ASSERT_OK(spw_alloc(rt, 4096, s, &b));
+  ASSERT_OK(spw_acquire(rt, a, s, 0, &d));
+  ASSERT_OK(spw_acquire(rt, b, other, 0, &d));
+  spw_buf_t twice[2] = {a, a};
+  ASSERT_STATUS(spw_release_n_async(rt, twice, 2, s), SPW_ERR_NOT_LOCKED);
+  spw_buf_t wrong_stream[2] = {a, b};
+  ASSERT_STATUS(spw_release_n_async(rt, wrong_stream, 2, s), SPW_ERR_NOT_LOCKED);
+  ASSERT_STATUS(spw_release_n_async(rt, NULL, 1, s), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_release_n_async(rt, &a, 0, s), SPW_ERR_INVALID_ARG);
+  ASSERT_EQ(locks_of(rt, a), 1);
+  /* Still in s's map: synchronize releases it. */
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_EQ(locks_of(rt, a), 0);
+  ASSERT_OK(spw_stream_synchronize(rt, other));
+  ASSERT_OK(spw_free(rt, a));
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+/* A synchronize of the stream releases pending per-launch releases at once. */
+static void synchronize_runs_pending_release_n_async(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  void *d;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 4096, s, &b));
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  ASSERT_OK(spw_release_n_async(rt, &b, 1, s));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_EQ(locks_of(rt, b), 0);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
 int main(void) {
   RUN(release_async_does_not_block_and_releases_when_work_completes);
   RUN(synchronize_waits_for_a_blocked_stream_then_releases);
@@ -418,6 +498,9 @@ int main(void) {
   RUN(destroy_with_a_locked_buffer_is_busy);
   RUN(alloc_waits_for_locks_that_release_async_will_release);
   RUN(alloc_wait_for_pending_releases_is_bounded);
+  RUN(release_n_async_releases_only_its_buffers_when_work_completes);
+  RUN(release_n_async_with_a_missing_lock_changes_nothing);
+  RUN(synchronize_runs_pending_release_n_async);
   printf("ok\n");
   return 0;
 }

@@ -309,6 +309,20 @@ SPW_API SPW_NODISCARD int spw_acquire_n(spw_runtime_t *rt, const spw_buf_t *bufs
  * SPW_ERR_NOT_LOCKED (no lock of `stream` on `buf`), SPW_ERR_INVALID_STREAM, handle errors. */
 SPW_API int spw_release(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream);
 
+/* Releases one lock of `stream` on each of bufs[0..n) once the work enqueued on `stream` so
+ * far has completed, without blocking the caller: the per-launch release of a launch
+ * wrapper, which must not touch locks that other code holds on the same stream. The locks
+ * leave the stream's lock map at once (a later spw_stream_synchronize or
+ * spw_stream_release_async does not release them again); until the work completes they
+ * still count as held, and spw_stream_synchronize of `stream` releases them at once. A
+ * handle may appear several times (one lock each). All or nothing: if any buffer holds
+ * fewer locks of `stream` than it appears in bufs, nothing changes and the call returns
+ * SPW_ERR_NOT_LOCKED. Errors: SPW_ERR_INVALID_ARG (bufs NULL, n 0), SPW_ERR_INVALID_STREAM,
+ * SPW_ERR_NOT_LOCKED, handle errors, SPW_ERR_CUDA / SPW_ERR_SYSTEM (nothing released or
+ * scheduled). */
+SPW_API int spw_release_n_async(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
+                                spw_stream_t stream);
+
 /* ---------------------------------------------------------------------------------------
  * Spilling, explicitly
  * ------------------------------------------------------------------------------------- */
