@@ -13,6 +13,7 @@
 #include "runtime.h"
 
 #define LOCK_COUNT_MAX 0x7FFFFFFFu
+#define ACQUIRE_FLAGS (SPW_ACQUIRE_READ | SPW_ACQUIRE_TRY)
 
 /* The fast path takes a lock only on a RESIDENT buffer without flags, or with just CLEAN
  * for a read-only acquire (the clean host copy stays valid). */
@@ -96,10 +97,13 @@ static int lock_slow(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_t
     return SPW_OK;
   }
   case SPW_STATE_HOST:
+    if (flags & SPW_ACQUIRE_TRY) return SPW_ERR_NOT_READY; /* moved since the first look */
     return spw__unspill_host(rt, s, h, bstream, flags, 1, dptr, ev);
   case SPW_STATE_DISK:
+    if (flags & SPW_ACQUIRE_TRY) return SPW_ERR_NOT_READY;
     return spw__unspill_disk(rt, s, h, bstream, flags, 1, dptr, ev);
   default: /* DEMOTING or UNSPILLING: another thread is moving it; wait for that move */
+    if (flags & SPW_ACQUIRE_TRY) return SPW_ERR_NOT_READY;
     *retry = 1;
     return SPW_OK;
   }
@@ -122,8 +126,9 @@ static int lock_one(spw_runtime_t *rt, spw_buf_t h, spw_stream_t bstream, unsign
     if (spw__w_gen(w) != spw__handle_gen(h)) return SPW_ERR_FREED;
   }
   if (w & SPW_W_FREE_PENDING) return SPW_ERR_FREED;
-  if (spw__in_callback(rt) && spw__w_state(w) != SPW_STATE_RESIDENT &&
-      spw__w_state(w) != SPW_STATE_SPILLING)
+  int on_device = spw__w_state(w) == SPW_STATE_RESIDENT || spw__w_state(w) == SPW_STATE_SPILLING;
+  if (!on_device && (flags & SPW_ACQUIRE_TRY)) return SPW_ERR_NOT_READY;
+  if (!on_device && spw__in_callback(rt))
     return SPW_ERR_WOULD_DEADLOCK; /* bringing it back may need to wait on the engine */
 
   for (;;) {
@@ -160,7 +165,7 @@ void spw__unlock(spw_runtime_t *rt, spw_buf_t h) {
 
 int spw_acquire(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream, unsigned flags,
                 void **dptr) {
-  if (!rt || !dptr || (flags & ~SPW_ACQUIRE_READ)) return SPW_ERR_INVALID_ARG;
+  if (!rt || !dptr || (flags & ~ACQUIRE_FLAGS)) return SPW_ERR_INVALID_ARG;
   spw_stream_entry_t *e;
   int st = spw__stream_lookup(rt, stream, &e);
   if (st != SPW_OK) return st;
@@ -178,7 +183,7 @@ int spw_acquire(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream, unsigned 
 
 int spw_acquire_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, spw_stream_t stream,
                   unsigned flags, void **dptrs) {
-  if (!rt || !bufs || !dptrs || n == 0 || (flags & ~SPW_ACQUIRE_READ)) return SPW_ERR_INVALID_ARG;
+  if (!rt || !bufs || !dptrs || n == 0 || (flags & ~ACQUIRE_FLAGS)) return SPW_ERR_INVALID_ARG;
   spw_stream_entry_t *e;
   int st = spw__stream_lookup(rt, stream, &e);
   if (st != SPW_OK) return st;

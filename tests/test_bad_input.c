@@ -322,7 +322,7 @@ static void unknown_acquire_flags_are_invalid_arg(void) {
   ASSERT_OK(spw_stream_create(rt, &s));
   ASSERT_OK(spw_alloc(rt, 256, s, &b));
   const spw_stats_t before = stats_of(rt);
-  const unsigned flags[] = {0x2u, 0x80u, 0x80000000u, ~0u, SPW_ACQUIRE_READ | 0x4u};
+  const unsigned flags[] = {0x4u, 0x80u, 0x80000000u, ~0u, SPW_ACQUIRE_READ | SPW_ACQUIRE_TRY | 0x4u};
   for (size_t i = 0; i < sizeof flags / sizeof flags[0]; i++) {
     void *dptr = host;
     ASSERT_STATUS(spw_acquire(rt, b, s, flags[i], &dptr), SPW_ERR_INVALID_ARG);

@@ -445,6 +445,33 @@ static void stats_summary_is_not_empty(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
+/* SPW_ACQUIRE_TRY takes a resident buffer like a plain acquire and refuses, changing
+ * nothing, to bring back a spilled one. */
+static void try_acquire_refuses_to_bring_a_buffer_back(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  void *d = NULL;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, 8192, s, &b));
+  ASSERT_OK(spw_acquire(rt, b, s, SPW_ACQUIRE_TRY, &d));
+  ASSERT_PTR_NE(d, NULL);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  spill_and_wait(rt, b);
+  d = NULL;
+  ASSERT_STATUS(spw_acquire(rt, b, s, SPW_ACQUIRE_TRY | SPW_ACQUIRE_READ, &d), SPW_ERR_NOT_READY);
+  ASSERT_STATUS(spw_acquire_n(rt, &b, 1, s, SPW_ACQUIRE_TRY, &d), SPW_ERR_NOT_READY);
+  ASSERT_PTR_EQ(d, NULL);
+  ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
+  uint32_t locks = 1;
+  ASSERT_OK(spw_buf_lock_count(rt, b, &locks));
+  ASSERT_EQ(locks, 0);
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
 int main(void) {
   const char *env = getenv("SPW_TEST_SEED");
   rng_state = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
@@ -459,5 +486,6 @@ int main(void) {
   RUN(prefetch_brings_host_buffer_back);
   RUN(stats_move_as_documented);
   RUN(stats_summary_is_not_empty);
+  RUN(try_acquire_refuses_to_bring_a_buffer_back);
   return 0;
 }

@@ -284,6 +284,11 @@ SPW_API int spw_buf_lock_count(spw_runtime_t *rt, spw_buf_t buf, uint32_t *out);
  * ------------------------------------------------------------------------------------- */
 #define SPW_ACQUIRE_READ 0x1u /* read-only use: a host copy is kept after unspill, so
                                  spilling the buffer again moves no bytes */
+#define SPW_ACQUIRE_TRY 0x2u  /* never wait: if the buffer is not on the device (or is being
+                                 moved to it), fail with SPW_ERR_NOT_READY instead of bringing
+                                 it back. Lets a binding that holds a global lock (Python's
+                                 GIL) take the fast path without releasing it, and release it
+                                 only for the call that may wait. */
 
 /* Retrieves-and-locks `buf` on `stream` and returns its device pointer, valid until this
  * lock is released. Locks nest: each acquire takes one more. If the buffer is in host
@@ -293,7 +298,8 @@ SPW_API int spw_buf_lock_count(spw_runtime_t *rt, spw_buf_t buf, uint32_t *out);
  * SPW_ERR_INVALID_HANDLE, SPW_ERR_FREED, SPW_ERR_INVALID_STREAM, SPW_ERR_INVALID_ARG,
  * SPW_ERR_OUT_OF_MEMORY, SPW_ERR_CUDA, SPW_ERR_IO, SPW_ERR_BUSY (2^31 nested locks),
  * SPW_ERR_SYSTEM (the lock map could not grow), SPW_ERR_WOULD_DEADLOCK (from a controller
- * callback, for a buffer that is not on the device). When everything on the device is
+ * callback, for a buffer that is not on the device), SPW_ERR_NOT_READY (SPW_ACQUIRE_TRY and
+ * the buffer is not on the device). When everything on the device is
  * locked, an allocation or unspill first waits up to 2 s for locks that
  * spw_stream_release_async will release, then fails with SPW_ERR_OUT_OF_MEMORY. */
 SPW_API SPW_NODISCARD int spw_acquire(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream,
