@@ -6,14 +6,14 @@
  * transfer takes one pipeline for its duration; its slots rotate so that the device copy of
  * one chunk overlaps the disk transfer of another. A slot is reused only after both its disk
  * transfer and its device copy are known complete. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 
 #include "disk_tier.h"
-#include "engine.h"
 
-/* One pipeline: every pipeline reaps from the one completion list of rt->disk->io, and
+/* One pipeline: every pipeline reaps from the one completion list of the tier's I/O, and
  * completions carry only the slot index, so with two a reaper could take the other
  * pipeline's completion for its own slot and upload a staging slot whose read had not
  * landed (seen as stale or foreign pages under concurrent disk reads). Two pipelines need
@@ -30,6 +30,8 @@ typedef struct pipe {
 } pipe_t;
 
 struct spw_disk {
+  const spw_backend_ops_t *ops;
+  spw_backend_t *be;
   spw_spill_file_t *file;
   spw_io_t *io;
   size_t chunk;
@@ -40,23 +42,14 @@ struct spw_disk {
   pipe_t pipes[SPW_DISK_PIPES];
 };
 
-static void disk_log(void *ctx, int level, const char *msg) {
-  spw_runtime_t *rt = ctx;
-  spw__log(&rt->log, (spw_log_level_t)level, "%s", msg);
-}
-
-static void disk_error(void *ctx, const char *name, const char *text) {
-  spw_runtime_t *rt = ctx;
-  spw__set_error(rt, SPW_ERR_IO, "%s: %s", name ? name : "io", text ? text : "");
-}
-
-static void destroy_disk(spw_runtime_t *rt, struct spw_disk *d) {
+void spw__disk_destroy(spw_disk_t *d) {
+  if (!d) return;
   if (d->io) spw__io_close(d->io);
   for (int p = 0; p < SPW_DISK_PIPES; p++)
     for (int i = 0; i < SPW_DISK_SLOTS; i++)
-      if (d->pipes[p].ev[i]) rt->ops->event_destroy(rt->be, d->pipes[p].ev[i]);
+      if (d->pipes[p].ev[i]) d->ops->event_destroy(d->be, d->pipes[p].ev[i]);
   if (d->staging) {
-    rt->ops->host_unregister(rt->be, d->staging);
+    d->ops->host_unregister(d->be, d->staging);
     munmap(d->staging, d->staging_bytes);
   }
   if (d->file) spw__spill_file_close(d->file);
@@ -65,27 +58,32 @@ static void destroy_disk(spw_runtime_t *rt, struct spw_disk *d) {
   free(d);
 }
 
-static int create_disk(spw_runtime_t *rt, struct spw_disk **out) {
-  struct spw_disk *d = calloc(1, sizeof *d);
+static void report(const spw_disk_params_t *p, const char *name, const char *text) {
+  if (p->on_error) p->on_error(p->ctx, name, text);
+}
+
+int spw__disk_create(const spw_disk_params_t *par, spw_disk_t **out) {
+  spw_disk_t *d = calloc(1, sizeof *d);
   if (!d) return SPW_ERR_SYSTEM;
+  d->ops = par->ops;
+  d->be = par->be;
   pthread_mutex_init(&d->mu, NULL);
   pthread_cond_init(&d->cv, NULL);
   d->chunk = (size_t)2 << 20;
-  int st = spw__spill_file_open(rt->settings.spill_dir, rt->settings.disk_limit, 0, disk_log, rt,
-                                &d->file);
+  int st = spw__spill_file_open(par->dir, par->limit, 0, par->log, par->ctx, &d->file);
   if (st == SPW_OK) {
     d->staging_bytes = d->chunk * SPW_DISK_SLOTS * SPW_DISK_PIPES;
     d->staging = mmap(NULL, d->staging_bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                       -1, 0);
     if (d->staging == MAP_FAILED) {
       d->staging = NULL;
-      st = spw__set_error(rt, SPW_ERR_SYSTEM, "mmap of %zu bytes of disk staging failed",
-                          d->staging_bytes);
+      report(par, "mmap", "mapping the disk staging slots failed");
+      st = SPW_ERR_SYSTEM;
     }
   }
   if (st == SPW_OK) {
     memset(d->staging, 0, d->staging_bytes); /* touch before pinning: much faster */
-    st = rt->ops->host_register(rt->be, d->staging, d->staging_bytes);
+    st = d->ops->host_register(d->be, d->staging, d->staging_bytes);
     if (st != SPW_OK) {
       munmap(d->staging, d->staging_bytes);
       d->staging = NULL;
@@ -99,69 +97,50 @@ static int create_disk(spw_runtime_t *rt, struct spw_disk **out) {
       d->pipes[p].slot[i] = d->staging + (size_t)k * d->chunk;
       bufs[k] = d->pipes[p].slot[i];
       lens[k] = d->chunk;
-      st = rt->ops->event_create(rt->be, &d->pipes[p].ev[i]);
+      st = d->ops->event_create(d->be, &d->pipes[p].ev[i]);
     }
   }
   if (st == SPW_OK) {
     spw_io_params_t p = {.fd = spw__spill_file_fd(d->file),
-                         .kind = rt->settings.io,
+                         .kind = par->io,
                          .queue_depth = 32,
                          .fixed_bufs = bufs,
                          .fixed_lens = lens,
                          .n_fixed = SPW_DISK_PIPES * SPW_DISK_SLOTS,
-                         .log = disk_log,
-                         .on_error = disk_error,
-                         .ctx = rt};
+                         .log = par->log,
+                         .on_error = par->on_error,
+                         .ctx = par->ctx};
     st = spw__io_open(&p, &d->io);
   }
   if (st != SPW_OK) {
-    destroy_disk(rt, d);
+    spw__disk_destroy(d);
     return st;
   }
-  spw__log(&rt->log, SPW_LOG_INFO, "disk tier open in %s: %s I/O, %s, staging %zu x %zu B",
-           rt->settings.spill_dir, spw__io_kind(d->io) == SPW_IO_URING ? "io_uring" : "POSIX",
-           spw__spill_file_is_direct(d->file) ? "O_DIRECT" : "buffered", d->chunk,
-           (size_t)(SPW_DISK_PIPES * SPW_DISK_SLOTS));
+  if (par->log) {
+    char line[512];
+    snprintf(line, sizeof line, "disk tier open in %s: %s I/O, %s, staging %zu x %zu B", par->dir,
+             spw__io_kind(d->io) == SPW_IO_URING ? "io_uring" : "POSIX",
+             spw__spill_file_is_direct(d->file) ? "O_DIRECT" : "buffered", d->chunk,
+             (size_t)(SPW_DISK_PIPES * SPW_DISK_SLOTS));
+    par->log(par->ctx, SPW_LOG_INFO, line);
+  }
   *out = d;
   return SPW_OK;
 }
 
-int spw__disk_open(spw_runtime_t *rt) {
-  pthread_mutex_lock(&rt->disk_mu);
-  int st = rt->disk_status;
-  if (st == SPW_OK && !rt->disk) {
-    st = create_disk(rt, &rt->disk);
-    if (st != SPW_OK) {
-      rt->disk_status = st;
-      spw__log(&rt->log, SPW_LOG_WARN, "disk tier unavailable (%s): spilling stops at host memory",
-               spw_err_name(st));
-    }
-  }
-  pthread_mutex_unlock(&rt->disk_mu);
-  return st;
-}
-
-void spw__disk_close(spw_runtime_t *rt) {
-  if (rt->disk) destroy_disk(rt, rt->disk);
-  rt->disk = NULL;
-}
-
-void spw__disk_free(spw_runtime_t *rt, spw_disk_extent_t *e) {
-  if (e->bytes && rt->disk) spw__spill_file_free(rt->disk->file, e);
+void spw__disk_free(spw_disk_t *d, spw_disk_extent_t *e) {
+  if (e->bytes && d) spw__spill_file_free(d->file, e);
   *e = (spw_disk_extent_t){0};
 }
 
-void spw__disk_inject_fault(spw_runtime_t *rt, int status, unsigned count) {
-  /* rt->disk is set once under disk_mu and never changes until destruction, and
-   * spw__disk_open took that mutex, so reading it here is ordered after the store. */
-  if (spw__disk_open(rt) == SPW_OK) spw__io_inject_fault(rt->disk->io, status, count);
+void spw__disk_inject_fault(spw_disk_t *d, int status, unsigned count) {
+  spw__io_inject_fault(d->io, status, count);
 }
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
-int spw__disk_write_host(spw_runtime_t *rt, const void *host_src, size_t bytes,
+int spw__disk_write_host(spw_disk_t *d, const void *host_src, size_t bytes,
                          spw_disk_extent_t *out) {
-  struct spw_disk *d = rt->disk;
   spw_disk_extent_t e;
   int st = spw__spill_file_alloc(d->file, bytes, &e);
   if (st != SPW_OK) return st;
@@ -175,7 +154,7 @@ int spw__disk_write_host(spw_runtime_t *rt, const void *host_src, size_t bytes,
   return SPW_OK;
 }
 
-static pipe_t *take_pipe(struct spw_disk *d, int *index) {
+static pipe_t *take_pipe(spw_disk_t *d, int *index) {
   pthread_mutex_lock(&d->mu);
   for (;;) {
     for (int p = 0; p < SPW_DISK_PIPES; p++) {
@@ -190,7 +169,7 @@ static pipe_t *take_pipe(struct spw_disk *d, int *index) {
   }
 }
 
-static void give_pipe(struct spw_disk *d, pipe_t *p) {
+static void give_pipe(spw_disk_t *d, pipe_t *p) {
   pthread_mutex_lock(&d->mu);
   p->busy = 0;
   pthread_cond_signal(&d->cv);
@@ -206,16 +185,30 @@ static int reap_one(spw_io_t *io, unsigned *slot) {
   return c.status;
 }
 
-int spw__disk_write_device(spw_runtime_t *rt, const void *dptr, size_t bytes,
-                           spw_disk_extent_t *out) {
-  struct spw_disk *d = rt->disk;
+/* Enqueues one chunk's device -> staging copy, asking the guard first. */
+static int copy_chunk(spw_disk_t *d, void *slot, const void *src, size_t len, spw_stream_t d2h,
+                      spw_bevent_t *ev, const spw_copy_guard_t *guard) {
+  if (guard) {
+    pthread_mutex_lock(guard->gate);
+    if (!guard->wanted(guard->ctx)) {
+      pthread_mutex_unlock(guard->gate);
+      return SPW_ERR_BUSY;
+    }
+  }
+  int st = d->ops->memcpy_async(d->be, slot, src, len, d2h);
+  if (st == SPW_OK) st = d->ops->event_record(d->be, ev, d2h);
+  if (guard) pthread_mutex_unlock(guard->gate);
+  return st;
+}
+
+int spw__disk_write_device(spw_disk_t *d, const void *dptr, size_t bytes, spw_stream_t d2h,
+                           const spw_copy_guard_t *guard, spw_disk_extent_t *out) {
   spw_disk_extent_t e;
   int st = spw__spill_file_alloc(d->file, bytes, &e);
   if (st != SPW_OK) return st;
   size_t align = spw__spill_file_alignment(d->file);
   int pi;
   pipe_t *p = take_pipe(d, &pi);
-  spw_stream_t d2h = spw__engine_d2h(rt);
   int in_flight[SPW_DISK_SLOTS] = {0};
   unsigned pending = 0;
   size_t nchunks = (bytes + d->chunk - 1) / d->chunk;
@@ -231,9 +224,8 @@ int spw__disk_write_device(spw_runtime_t *rt, const void *dptr, size_t bytes,
     }
     if (st != SPW_OK) break;
     size_t off = i * d->chunk, len = bytes - off < d->chunk ? bytes - off : d->chunk;
-    st = rt->ops->memcpy_async(rt->be, p->slot[k], (const uint8_t *)dptr + off, len, d2h);
-    if (st == SPW_OK) st = rt->ops->event_record(rt->be, p->ev[k], d2h);
-    if (st == SPW_OK) st = rt->ops->event_sync(rt->be, p->ev[k]);
+    st = copy_chunk(d, p->slot[k], (const uint8_t *)dptr + off, len, d2h, p->ev[k], guard);
+    if (st == SPW_OK) st = d->ops->event_sync(d->be, p->ev[k]);
     if (st == SPW_OK)
       st = spw__io_submit_write(d->io, p->slot[k], round_up(len, align), e.off + off,
                                 pi * SPW_DISK_SLOTS + (int)k, k);
@@ -257,14 +249,11 @@ int spw__disk_write_device(spw_runtime_t *rt, const void *dptr, size_t bytes,
   return SPW_OK;
 }
 
-int spw__disk_read_device(spw_runtime_t *rt, const spw_disk_extent_t *src, void *dptr,
-                          size_t bytes) {
-  struct spw_disk *d = rt->disk;
-  if (!d) return SPW_ERR_INTERNAL;
+int spw__disk_read_device(spw_disk_t *d, const spw_disk_extent_t *src, void *dptr,
+                          size_t bytes, spw_stream_t h2d) {
   size_t align = spw__spill_file_alignment(d->file);
   int pi;
   pipe_t *p = take_pipe(d, &pi);
-  spw_stream_t h2d = spw__engine_h2d(rt);
   size_t nchunks = (bytes + d->chunk - 1) / d->chunk;
   size_t next = 0;   /* next chunk to read */
   unsigned pending = 0;
@@ -290,10 +279,10 @@ int spw__disk_read_device(spw_runtime_t *rt, const spw_disk_extent_t *src, void 
     if (st != SPW_OK) continue;
     size_t c = chunk_of[k];
     size_t off = c * d->chunk, len = bytes - off < d->chunk ? bytes - off : d->chunk;
-    st = rt->ops->memcpy_async(rt->be, (uint8_t *)dptr + off, p->slot[k], len, h2d);
-    if (st == SPW_OK) st = rt->ops->event_record(rt->be, p->ev[k], h2d);
+    st = d->ops->memcpy_async(d->be, (uint8_t *)dptr + off, p->slot[k], len, h2d);
+    if (st == SPW_OK) st = d->ops->event_record(d->be, p->ev[k], h2d);
     if (st == SPW_OK && next < nchunks) {
-      st = rt->ops->event_sync(rt->be, p->ev[k]);
+      st = d->ops->event_sync(d->be, p->ev[k]);
       size_t noff = next * d->chunk, nlen = bytes - noff < d->chunk ? bytes - noff : d->chunk;
       chunk_of[k] = next;
       if (st == SPW_OK)
@@ -308,7 +297,7 @@ int spw__disk_read_device(spw_runtime_t *rt, const spw_disk_extent_t *src, void 
   /* Every upload must have left the staging slots before they are reused, and the data must
    * be on the device when we return. */
   for (int k = 0; k < SPW_DISK_SLOTS; k++) {
-    int r = rt->ops->event_sync(rt->be, p->ev[k]);
+    int r = d->ops->event_sync(d->be, p->ev[k]);
     if (r != SPW_OK && st == SPW_OK) st = r;
   }
   give_pipe(d, p);

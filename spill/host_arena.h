@@ -19,7 +19,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "../src/backend.h"
+#include "backend.h"
 
 #define SPW_ARENA_ALIGN 4096u
 

@@ -3,7 +3,7 @@
  * write made after the abandon survives the next spill. The spill is put in progress by
  * claiming the victim through the engine's seam (spw__victim_claim), so the interleaving
  * that is otherwise a matter of timing happens on every run. Both backends. */
-#include "../spill/engine.h"
+#include "moves.h"
 #include "test_util.h"
 
 #define BYTES (256 * 1024)
@@ -25,7 +25,7 @@ static spw_victim_t claim(spw_runtime_t *rt, spw_buf_t b) {
   uint64_t w;
   spw_victim_t v;
   ASSERT_OK(spw__handles_lookup(&rt->handles, b, &slot, &w));
-  ASSERT_TRUE(spw__victim_claim(rt, b, slot, &v));
+  ASSERT_TRUE(spw__victim_claim(rt, b, slot, SPW_CLAIM_WAIT, &v));
   spw_state_t st;
   ASSERT_OK(spw_buf_state(rt, b, &st));
   ASSERT_EQ(st, SPW_STATE_SPILLING);
@@ -47,7 +47,7 @@ static void writes_after_abandoning_a_clean_spill_survive(void) {
   ASSERT_EQ(mismatch(rt, b, s, 1), (size_t)-1); /* read-only: keeps a clean host copy */
 
   spw_victim_t v = claim(rt, b);
-  ASSERT_TRUE(v.clean);
+  ASSERT_TRUE(v.m.flags & SPW_W_CLEAN);
   write_pattern(rt, b, s, 2); /* abandons the spill, then writes */
   spw__spill_batch(rt, &v, 1, 0);
   ASSERT_EQ(v.status, SPW_ERR_BUSY); /* the abandoned spill committed nothing */
@@ -73,7 +73,7 @@ static void writes_after_abandoning_a_dirty_spill_survive(void) {
   ASSERT_OK(spw_alloc(rt, BYTES, s, &b));
   write_pattern(rt, b, s, 3);
   spw_victim_t v = claim(rt, b);
-  ASSERT_TRUE(!v.clean);
+  ASSERT_TRUE(!(v.m.flags & SPW_W_CLEAN));
   write_pattern(rt, b, s, 4);
   spw__spill_batch(rt, &v, 1, 0);
   ASSERT_EQ(v.status, SPW_ERR_BUSY);

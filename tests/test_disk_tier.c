@@ -19,7 +19,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "disk_tier.h"
+#include "runtime.h"
 #include "test_util.h"
 
 #define MIB ((size_t)1 << 20)
@@ -288,7 +288,7 @@ static void write_eio_keeps_buffer_on_host(void) {
   spw_buf_t b = filled(rt, s, n, 60);
   spill_wait(rt, b, SPW_TIER_HOST, SPW_STATE_HOST);
   const spw_stats_t before = stats_of(rt);
-  spw__disk_inject_fault(rt, SPW_ERR_IO, 1);
+  spw__inject_disk_fault(rt, SPW_ERR_IO, 1);
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_DISK));
   ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_IO);
   ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
@@ -315,7 +315,7 @@ static void write_eio_on_direct_spill_keeps_buffer_resident(void) {
   ASSERT_OK(spw_stream_create(rt, &s));
   spw_buf_t b = filled(rt, s, n, 61);
   const uint64_t failures = stats_of(rt).failures;
-  spw__disk_inject_fault(rt, SPW_ERR_IO, 1);
+  spw__inject_disk_fault(rt, SPW_ERR_IO, 1);
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_DISK));
   ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_IO);
   ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT);
@@ -339,7 +339,7 @@ static void read_eio_fails_acquire_and_keeps_buffer_on_disk(void) {
   spw_buf_t b = filled(rt, s, n, 62);
   spill_wait(rt, b, SPW_TIER_DISK, SPW_STATE_DISK);
   const spw_stats_t before = stats_of(rt);
-  spw__disk_inject_fault(rt, SPW_ERR_IO, 1);
+  spw__inject_disk_fault(rt, SPW_ERR_IO, 1);
   void *d = (void *)&d;
   ASSERT_STATUS(spw_acquire(rt, b, s, 0, &d), SPW_ERR_IO);
   ASSERT_PTR_EQ(d, (void *)&d);

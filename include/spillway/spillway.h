@@ -186,6 +186,15 @@ SPW_API SPW_NODISCARD int spw_runtime_create(const spw_config_t *config, spw_run
  * level when it fails. Errors: SPW_ERR_CONFIG, SPW_ERR_INVALID_ARG. */
 SPW_API int spw_config_validate(const spw_config_t *config, char *msg, size_t len);
 
+/* Parses a byte size the way the SPILLWAY_* limits are read, so that a program's own
+ * options can share the syntax: digits with an optional decimal fraction and an optional
+ * binary unit (B, K/KB/KiB, M/MB/MiB, G/GB/GiB, T/TB/TiB, any case; K = 1024), spaces
+ * around the value and between number and unit ("1.5 GiB", " 4096 "). A fraction needs a
+ * unit and rounds down to whole bytes. Errors: SPW_ERR_CONFIG (syntax, trailing text, more
+ * than 2^64-1 bytes), SPW_ERR_INVALID_ARG (NULL). *bytes is written only on success.
+ * Thread-safe. */
+SPW_API int spw_parse_size(const char *text, uint64_t *bytes);
+
 /* Destroys a runtime: waits for the spill engine, frees every buffer in every tier, closes
  * the spill file (its contents vanish) and destroys the streams the runtime created.
  * If any buffer is still locked it returns SPW_ERR_BUSY and destroys nothing: synchronize

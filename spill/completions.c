@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The completion poller (see completions.h). Pending items form a FIFO list; the poller
+ * queries every pending event each round and sleeps between rounds with a backoff from 20 us
+ * to 1 ms while nothing completes: cheap when idle, prompt when busy, and immune to one long
+ * stream holding back a short one (a blocking wait on the oldest event would be). */
+#include "completions.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <time.h>
+
+#include "clock.h"
+
+typedef struct item {
+  spw_bevent_t *ev;
+  spw_stream_t stream;
+  spw_completion_fn fn;
+  void *arg;
+  uint64_t seq;
+  struct item *next;
+} item_t;
+
+struct spw_completions {
+  const spw_backend_ops_t *ops;
+  spw_backend_t *be;
+  spw_event_pool_t *events;
+  pthread_t thread;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;      /* poller: work arrived or stop */
+  pthread_cond_t done_cv; /* drainers: an item finished */
+  item_t *head, *tail;
+  uint64_t submitted; /* items are numbered in submission order */
+  int busy;           /* the poller holds a detached list (outside `head`) */
+  int stop;
+};
+
+/* Runs a finished item and gives its event back. */
+static void finish(spw_completions_t *c, item_t *it, int status) {
+  it->fn(it->arg, status);
+  spw__event_put(c->events, it->ev);
+  free(it);
+}
+
+static void *poller(void *arg) {
+  spw_completions_t *c = arg;
+  long sleep_ns = 20000;
+  pthread_mutex_lock(&c->mu);
+  for (;;) {
+    while (!c->head && !c->stop) pthread_cond_wait(&c->cv, &c->mu);
+    if (!c->head && c->stop) break;
+    /* Detach the list so that the events are queried without the lock. */
+    item_t *list = c->head;
+    c->head = c->tail = NULL;
+    c->busy = 1;
+    pthread_mutex_unlock(&c->mu);
+
+    item_t *keep = NULL, *keep_last = NULL;
+    uint64_t ran = 0;
+    for (item_t *it = list, *next; it; it = next) {
+      next = it->next;
+      int q = c->ops->event_query(c->be, it->ev);
+      if (q == SPW_ERR_NOT_READY) {
+        it->next = NULL;
+        if (keep_last) keep_last->next = it;
+        else keep = it;
+        keep_last = it;
+        continue;
+      }
+      /* A failed query still runs fn: the locks it releases must not leak, and the stream
+       * error reaches the application through its own synchronize. */
+      finish(c, it, q);
+      ran++;
+    }
+
+    pthread_mutex_lock(&c->mu);
+    if (keep) { /* pending items go back in front of what arrived meanwhile */
+      keep_last->next = c->head;
+      if (!c->head) c->tail = keep_last;
+      c->head = keep;
+    }
+    c->busy = 0;
+    pthread_cond_broadcast(&c->done_cv);
+    if (ran || !c->head) {
+      sleep_ns = 20000;
+      continue;
+    }
+    pthread_mutex_unlock(&c->mu);
+    struct timespec ts = {0, sleep_ns};
+    nanosleep(&ts, NULL);
+    if (sleep_ns < 1000000) sleep_ns *= 2;
+    pthread_mutex_lock(&c->mu);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return NULL;
+}
+
+int spw__completions_start(const spw_backend_ops_t *ops, spw_backend_t *be,
+                           spw_event_pool_t *events, spw_completions_t **out) {
+  spw_completions_t *c = calloc(1, sizeof *c);
+  if (!c) return SPW_ERR_SYSTEM;
+  c->ops = ops;
+  c->be = be;
+  c->events = events;
+  pthread_mutex_init(&c->mu, NULL);
+  pthread_cond_init(&c->cv, NULL);
+  pthread_cond_init(&c->done_cv, NULL);
+  if (pthread_create(&c->thread, NULL, poller, c) != 0) {
+    pthread_cond_destroy(&c->done_cv);
+    pthread_cond_destroy(&c->cv);
+    pthread_mutex_destroy(&c->mu);
+    free(c);
+    return SPW_ERR_SYSTEM;
+  }
+  *out = c;
+  return SPW_OK;
+}
+
+void spw__completions_stop(spw_completions_t *c) {
+  if (!c) return;
+  pthread_mutex_lock(&c->mu);
+  c->stop = 1;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  pthread_join(c->thread, NULL);
+  pthread_cond_destroy(&c->done_cv);
+  pthread_cond_destroy(&c->cv);
+  pthread_mutex_destroy(&c->mu);
+  free(c);
+}
+
+int spw__completions_after(spw_completions_t *c, spw_stream_t bstream, spw_completion_fn fn,
+                           void *arg) {
+  item_t *it = malloc(sizeof *it);
+  if (!it) return SPW_ERR_SYSTEM;
+  int s = spw__event_get(c->events, &it->ev);
+  if (s != SPW_OK) {
+    free(it);
+    return s;
+  }
+  s = c->ops->event_record(c->be, it->ev, bstream);
+  if (s != SPW_OK) {
+    spw__event_put(c->events, it->ev);
+    free(it);
+    return s;
+  }
+  it->fn = fn;
+  it->arg = arg;
+  it->stream = bstream;
+  it->next = NULL;
+  pthread_mutex_lock(&c->mu);
+  it->seq = ++c->submitted;
+  if (c->tail) c->tail->next = it;
+  else c->head = it;
+  c->tail = it;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
+  return SPW_OK;
+}
+
+void spw__completions_drain(spw_completions_t *c) { spw__completions_drain_for(c, UINT64_MAX); }
+
+int spw__completions_drain_for(spw_completions_t *c, uint64_t timeout_ns) {
+  if (!c) return 1;
+  struct timespec deadline = spw__deadline_in(timeout_ns == UINT64_MAX ? 0 : timeout_ns);
+  int drained = 1;
+  pthread_mutex_lock(&c->mu);
+  /* Items finish out of order: everything submitted so far has run once none of them is in
+   * the list and the poller holds no detached list. */
+  uint64_t target = c->submitted;
+  for (;;) {
+    int older_pending = c->busy;
+    for (item_t *it = c->head; it && !older_pending; it = it->next)
+      if (it->seq <= target) older_pending = 1;
+    if (!older_pending) break;
+    if (timeout_ns == UINT64_MAX) {
+      pthread_cond_wait(&c->done_cv, &c->mu);
+    } else if (pthread_cond_timedwait(&c->done_cv, &c->mu, &deadline) != 0) {
+      drained = 0;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&c->mu);
+  return drained;
+}
+
+void spw__completions_flush_stream(spw_completions_t *c, spw_stream_t bstream) {
+  if (!c) return;
+  item_t *mine = NULL;
+  pthread_mutex_lock(&c->mu);
+  /* Items the poller has detached are run by it; wait for that round to end, then take this
+   * stream's items out of the list. */
+  while (c->busy) pthread_cond_wait(&c->done_cv, &c->mu);
+  item_t **link = &c->head, *last = NULL;
+  while (*link) {
+    item_t *it = *link;
+    if (it->stream == bstream) {
+      *link = it->next;
+      it->next = mine;
+      mine = it;
+    } else {
+      last = it;
+      link = &it->next;
+    }
+  }
+  c->tail = last;
+  pthread_mutex_unlock(&c->mu);
+  /* The stream was synchronized after these events were recorded: they are complete. */
+  while (mine) {
+    item_t *n = mine->next;
+    finish(c, mine, SPW_OK);
+    mine = n;
+  }
+  pthread_mutex_lock(&c->mu);
+  pthread_cond_broadcast(&c->done_cv);
+  pthread_mutex_unlock(&c->mu);
+}

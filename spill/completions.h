@@ -1,0 +1,40 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private header, never installed: run a function once a stream's work so far completes,
+ * without blocking anyone. An event is recorded on the stream; one poller thread watches
+ * the pending events and runs each function on its own thread once its event has
+ * completed. That thread may call the backend (a CUDA host function may not), which is why
+ * the lock release of spw_stream_release_async goes through here rather than
+ * cudaLaunchHostFunc. Functions run outside every lock of this module, in no guaranteed
+ * order between streams; they must not call back into it except spw__completions_after. */
+#ifndef SPILLWAY_SPILL_COMPLETIONS_H
+#define SPILLWAY_SPILL_COMPLETIONS_H
+
+#include <stdint.h>
+
+#include "backend.h"
+#include "event_pool.h"
+
+typedef struct spw_completions spw_completions_t;
+
+/* `status`: SPW_OK, or the error of the event query (the work may have failed: the function
+ * still runs, so that what it releases does not leak). */
+typedef void (*spw_completion_fn)(void *arg, int status);
+
+/* Starts the poller. Events come from `events`, which must outlive the poller. */
+int spw__completions_start(const spw_backend_ops_t *ops, spw_backend_t *be,
+                           spw_event_pool_t *events, spw_completions_t **out);
+/* Runs what is pending (waiting for its events), then stops the poller. NULL-safe. */
+void spw__completions_stop(spw_completions_t *c);
+/* fn(arg, status) runs once the work enqueued on `stream` so far has completed. On error fn
+ * is never called. */
+int spw__completions_after(spw_completions_t *c, spw_stream_t stream, spw_completion_fn fn,
+                           void *arg);
+/* Runs now what is pending for `stream`, which the caller has just synchronized (so its
+ * events are complete): a synchronize releases the locks of an earlier release_async too. */
+void spw__completions_flush_stream(spw_completions_t *c, spw_stream_t stream);
+/* Blocks until everything submitted before the call has run. */
+void spw__completions_drain(spw_completions_t *c);
+/* The same, giving up after timeout_ns; returns 1 if everything ran. */
+int spw__completions_drain_for(spw_completions_t *c, uint64_t timeout_ns);
+
+#endif /* SPILLWAY_SPILL_COMPLETIONS_H */

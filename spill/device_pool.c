@@ -1,0 +1,216 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Device memory for buffers: small ones from slabs, large ones from the backend.
+ *
+ * Spilling and bringing back tens of thousands of small buffers would otherwise pay one
+ * cudaMallocAsync / cudaFreeAsync each (about a microsecond), which caps 4 KiB buffers at a
+ * few GB/s however fast the copies are. Buffers under SPW_DPOOL_SMALL come from slabs cut
+ * into blocks of one power-of-two size class (a slab is at most 1/32 of the device limit
+ * and at most SPW_DPOOL_SLAB); a block costs a push or pop on its class's free list.
+ *
+ * Stream order: a slab is allocated on the null stream and synchronized once, so its blocks
+ * are usable from any stream. A block goes back to its free list only when no work can
+ * still touch it: callers free at once when the work is known complete, or through
+ * spw__dpool_free_after behind the stream that may still use it. Entirely free slabs are
+ * returned by spw__dpool_trim (called when the device refuses an allocation). */
+#include "device_pool.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#include <pthread.h>
+
+#include "grow.h"
+
+#define MIN_SHIFT 8u /* 256 B: cudaMallocAsync's alignment */
+#define NCLASSES 12u /* 256 B .. 512 KiB */
+
+typedef struct slab {
+  uint8_t *base;
+  size_t bytes;
+  uint32_t cls;
+  uint32_t free_blocks, blocks;
+} slab_t;
+
+struct spw_dpool {
+  spw_dpool_params_t p;
+  pthread_mutex_t mu; /* one lock: a pop/push is a few instructions */
+  void **free[NCLASSES];
+  size_t nfree[NCLASSES], cap[NCLASSES];
+  slab_t *slabs; /* sorted by base, for block -> slab lookup */
+  size_t nslabs, slab_cap;
+  size_t slab_max; /* the largest slab: a small fraction of the budget */
+  uint64_t slab_total;
+};
+
+static uint32_t class_of(size_t bytes) {
+  uint32_t c = 0;
+  while (((size_t)1 << (MIN_SHIFT + c)) < bytes) c++;
+  return c;
+}
+
+int spw__dpool_create(const spw_dpool_params_t *params, spw_dpool_t **out) {
+  spw_dpool_t *p = calloc(1, sizeof *p);
+  if (!p) return SPW_ERR_SYSTEM;
+  p->p = *params;
+  pthread_mutex_init(&p->mu, NULL);
+  /* The pool holds memory the budget does not see (free blocks of partly used slabs), so a
+   * slab is a small fraction of the budget: at most 1/32 of it, 16 blocks when that fits. */
+  p->slab_max = SPW_DPOOL_SLAB;
+  while (p->slab_max > ((size_t)64 << 10) && p->slab_max * 32 > params->device_limit) p->slab_max /= 2;
+  *out = p;
+  return SPW_OK;
+}
+
+void spw__dpool_destroy(spw_dpool_t *p) {
+  if (!p) return;
+  for (size_t i = 0; i < p->nslabs; i++)
+    p->p.ops->free_async(p->p.be, p->slabs[i].base, p->p.null_stream);
+  for (uint32_t c = 0; c < NCLASSES; c++) free(p->free[c]);
+  free(p->slabs);
+  pthread_mutex_destroy(&p->mu);
+  free(p);
+}
+
+static slab_t *slab_of(spw_dpool_t *p, const void *ptr) {
+  size_t lo = 0, hi = p->nslabs;
+  const uint8_t *b = ptr;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (p->slabs[mid].base <= b) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo == 0) return NULL;
+  slab_t *s = &p->slabs[lo - 1];
+  return b < s->base + s->bytes ? s : NULL;
+}
+
+static int push_free(spw_dpool_t *p, uint32_t c, void *ptr) {
+  void **grown = spw__grow(p->free[c], &p->cap[c], p->nfree[c] + 1, sizeof *grown, 256);
+  if (!grown) return SPW_ERR_SYSTEM;
+  p->free[c] = grown;
+  p->free[c][p->nfree[c]++] = ptr;
+  return SPW_OK;
+}
+
+/* A new slab for class c; called without p->mu (it synchronizes a stream). */
+static int grow(spw_dpool_t *p, uint32_t c) {
+  size_t block = (size_t)1 << (MIN_SHIFT + c);
+  size_t bytes = block * 16 < p->slab_max ? p->slab_max : block * 16;
+  while (bytes > p->slab_max && bytes > block) bytes /= 2; /* a small budget: fewer blocks */
+  void *base;
+  int st = p->p.ops->alloc_async(p->p.be, bytes, p->p.null_stream, &base);
+  if (st == SPW_OK) st = p->p.ops->stream_sync(p->p.be, p->p.null_stream);
+  if (st != SPW_OK) return st;
+  uint32_t blocks = (uint32_t)(bytes / block);
+  pthread_mutex_lock(&p->mu);
+  slab_t *slabs = spw__grow(p->slabs, &p->slab_cap, p->nslabs + 1, sizeof *slabs, 16);
+  if (!slabs) {
+    pthread_mutex_unlock(&p->mu);
+    p->p.ops->free_async(p->p.be, base, p->p.null_stream);
+    return SPW_ERR_SYSTEM;
+  }
+  p->slabs = slabs;
+  size_t at = 0;
+  while (at < p->nslabs && p->slabs[at].base < (uint8_t *)base) at++;
+  memmove(&p->slabs[at + 1], &p->slabs[at], (p->nslabs - at) * sizeof *p->slabs);
+  p->slabs[at] = (slab_t){base, bytes, c, blocks, blocks};
+  p->nslabs++;
+  p->slab_total += bytes;
+  for (uint32_t i = blocks; i-- > 0;) {
+    if (push_free(p, c, (uint8_t *)base + (size_t)i * block) != SPW_OK) {
+      /* Blocks not listed are simply never handed out; the slab is still freed at destroy. */
+      p->slabs[at].blocks = p->slabs[at].free_blocks = blocks - i - 1;
+      break;
+    }
+  }
+  pthread_mutex_unlock(&p->mu);
+  return SPW_OK;
+}
+
+int spw__dpool_alloc(spw_dpool_t *p, size_t bytes, spw_stream_t stream, void **out) {
+  if (bytes >= SPW_DPOOL_SMALL) return p->p.ops->alloc_async(p->p.be, bytes, stream, out);
+  uint32_t c = class_of(bytes);
+  for (int attempt = 0; attempt < 2; attempt++) {
+    pthread_mutex_lock(&p->mu);
+    if (p->nfree[c] > 0) {
+      void *ptr = p->free[c][--p->nfree[c]];
+      slab_of(p, ptr)->free_blocks--;
+      pthread_mutex_unlock(&p->mu);
+      *out = ptr;
+      return SPW_OK;
+    }
+    pthread_mutex_unlock(&p->mu);
+    if (attempt == 0) {
+      int st = grow(p, c);
+      if (st != SPW_OK) return st;
+    }
+  }
+  return SPW_ERR_OUT_OF_MEMORY; /* another thread took the whole new slab: caller retries */
+}
+
+void spw__dpool_free(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream) {
+  if (!ptr) return;
+  if (bytes >= SPW_DPOOL_SMALL) {
+    p->p.ops->free_async(p->p.be, ptr, stream);
+    return;
+  }
+  pthread_mutex_lock(&p->mu);
+  slab_t *s = slab_of(p, ptr);
+  if (s && push_free(p, s->cls, ptr) == SPW_OK) s->free_blocks++;
+  pthread_mutex_unlock(&p->mu);
+}
+
+typedef struct deferred {
+  spw_dpool_t *p;
+  void *ptr;
+  size_t bytes;
+} deferred_t;
+
+static void free_deferred(void *arg, int status) {
+  deferred_t *d = arg;
+  (void)status; /* a failed stream still no longer runs: the block is free either way */
+  spw__dpool_free(d->p, d->ptr, d->bytes, d->p->p.null_stream);
+  free(d);
+}
+
+void spw__dpool_free_after(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream) {
+  if (!ptr) return;
+  if (bytes >= SPW_DPOOL_SMALL) { /* the backend orders the free on the stream itself */
+    p->p.ops->free_async(p->p.be, ptr, stream);
+    return;
+  }
+  deferred_t *d = malloc(sizeof *d);
+  if (d) {
+    *d = (deferred_t){p, ptr, bytes};
+    if (spw__completions_after(p->p.completions, stream, free_deferred, d) == SPW_OK) return;
+    free(d);
+  }
+  p->p.ops->stream_sync(p->p.be, stream); /* cannot defer: wait, then free */
+  spw__dpool_free(p, ptr, bytes, stream);
+}
+
+uint64_t spw__dpool_trim(spw_dpool_t *p) {
+  uint64_t released = 0;
+  pthread_mutex_lock(&p->mu);
+  for (size_t i = 0; i < p->nslabs;) {
+    slab_t s = p->slabs[i];
+    if (s.free_blocks != s.blocks) {
+      i++;
+      continue;
+    }
+    /* Drop this slab's blocks from its free list, then the slab. */
+    size_t k = 0;
+    for (size_t j = 0; j < p->nfree[s.cls]; j++) {
+      uint8_t *b = p->free[s.cls][j];
+      if (b < s.base || b >= s.base + s.bytes) p->free[s.cls][k++] = b;
+    }
+    p->nfree[s.cls] = k;
+    memmove(&p->slabs[i], &p->slabs[i + 1], (p->nslabs - i - 1) * sizeof *p->slabs);
+    p->nslabs--;
+    p->slab_total -= s.bytes;
+    p->p.ops->free_async(p->p.be, s.base, p->p.null_stream);
+    released += s.bytes;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return released;
+}

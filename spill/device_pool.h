@@ -1,0 +1,41 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private header, never installed: device memory for buffers (see device_pool.c). Small
+ * buffers come from per-size-class slabs, large ones straight from the backend's
+ * stream-ordered allocator. Thread-safe. */
+#ifndef SPILLWAY_SPILL_DEVICE_POOL_H
+#define SPILLWAY_SPILL_DEVICE_POOL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "completions.h"
+
+#define SPW_DPOOL_SMALL ((size_t)512 << 10) /* buffers below this come from slabs */
+#define SPW_DPOOL_SLAB ((size_t)32 << 20)   /* slab size, smaller for small budgets */
+
+typedef struct spw_dpool spw_dpool_t;
+
+typedef struct spw_dpool_params {
+  const spw_backend_ops_t *ops;
+  spw_backend_t *be;
+  spw_stream_t null_stream;     /* slabs are allocated and freed on it */
+  uint64_t device_limit;        /* slabs stay a small fraction of it */
+  spw_completions_t *completions; /* for spw__dpool_free_after */
+} spw_dpool_params_t;
+
+int spw__dpool_create(const spw_dpool_params_t *p, spw_dpool_t **out);
+/* Frees the slabs (every block must be back or abandoned). NULL-safe. */
+void spw__dpool_destroy(spw_dpool_t *p);
+/* Device memory for `bytes`, usable by work enqueued on `stream` after the call (large: the
+ * backend's alloc_async on `stream`; small: any stream). SPW_ERR_OUT_OF_MEMORY if refused. */
+int spw__dpool_alloc(spw_dpool_t *p, size_t bytes, spw_stream_t stream, void **out);
+/* Returns memory no work can touch any more (large: free_async on `stream`). NULL is a
+ * no-op. */
+void spw__dpool_free(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream);
+/* Returns memory once the work enqueued so far on `stream` has completed. */
+void spw__dpool_free_after(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream);
+/* Gives entirely free slabs back to the device; returns the bytes released. */
+uint64_t spw__dpool_trim(spw_dpool_t *p);
+
+#endif /* SPILLWAY_SPILL_DEVICE_POOL_H */

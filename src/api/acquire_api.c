@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Retrieve-and-lock: spw_acquire, spw_acquire_n, spw_release, spw_release_n_async. A lock
+ * is taken on the buffer (locks.h), then recorded in the stream's lock map; all or nothing. */
+#include <stdlib.h>
+
+#include "api.h"
+#include "locks.h"
+
+#define ACQUIRE_FLAGS (SPW_ACQUIRE_READ | SPW_ACQUIRE_TRY)
+
+int spw_acquire(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream, unsigned flags,
+                void **dptr) {
+  if (!rt || !dptr || (flags & ~ACQUIRE_FLAGS)) return SPW_ERR_INVALID_ARG;
+  spw_stream_entry_t *e;
+  int st = spw__stream_entry(rt, stream, &e);
+  if (st != SPW_OK) return st;
+  void *p;
+  st = spw__lock(rt, buf, e->bstream, flags, &p);
+  if (st != SPW_OK) return st;
+  st = spw__lockmap_push(e, buf);
+  if (st != SPW_OK) {
+    spw__unlock(rt, buf);
+    return st;
+  }
+  *dptr = p;
+  return SPW_OK;
+}
+
+int spw_acquire_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, spw_stream_t stream,
+                  unsigned flags, void **dptrs) {
+  if (!rt || !bufs || !dptrs || n == 0 || (flags & ~ACQUIRE_FLAGS)) return SPW_ERR_INVALID_ARG;
+  spw_stream_entry_t *e;
+  int st = spw__stream_entry(rt, stream, &e);
+  if (st != SPW_OK) return st;
+  void *stack_ptrs[16];
+  void **ptrs = n <= 16 ? stack_ptrs : malloc(n * sizeof *ptrs);
+  if (!ptrs) return SPW_ERR_SYSTEM;
+  size_t locked = 0, pushed = 0;
+  for (; locked < n; locked++) {
+    st = spw__lock(rt, bufs[locked], e->bstream, flags, &ptrs[locked]);
+    if (st != SPW_OK) break;
+  }
+  for (; st == SPW_OK && pushed < n; pushed++) st = spw__lockmap_push(e, bufs[pushed]);
+  if (st != SPW_OK) { /* all or nothing: undo what was taken */
+    for (size_t i = 0; i < pushed; i++) spw__lockmap_remove(e, bufs[i]);
+    for (size_t i = 0; i < locked; i++) spw__unlock(rt, bufs[i]);
+  } else {
+    for (size_t i = 0; i < n; i++) dptrs[i] = ptrs[i];
+  }
+  if (ptrs != stack_ptrs) free(ptrs);
+  return st;
+}
+
+int spw_release(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream) {
+  if (!rt) return SPW_ERR_INVALID_ARG;
+  spw_stream_entry_t *e;
+  int st = spw__stream_entry(rt, stream, &e);
+  if (st != SPW_OK) return st;
+  spw_slot_t *s;
+  uint64_t w;
+  /* A freed buffer whose free waits on its locks still accepts their release. */
+  st = spw__handles_lookup(&rt->handles, buf, &s, &w);
+  if (st != SPW_OK) return st;
+  if (!spw__lockmap_remove(e, buf)) return SPW_ERR_NOT_LOCKED;
+  spw__unlock(rt, buf);
+  return SPW_OK;
+}
+
+int spw_release_n_async(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
+                        spw_stream_t stream) {
+  if (!rt || !bufs || n == 0) return SPW_ERR_INVALID_ARG;
+  spw_stream_entry_t *e;
+  int st = spw__stream_entry(rt, stream, &e);
+  if (st != SPW_OK) return st;
+  for (size_t i = 0; i < n; i++) {
+    spw_slot_t *s;
+    uint64_t w;
+    st = spw__handles_lookup(&rt->handles, bufs[i], &s, &w);
+    if (st != SPW_OK) return st;
+  }
+  spw_buf_t *list = malloc(n * sizeof *list);
+  if (!list) return SPW_ERR_SYSTEM;
+  /* Out of the lock map first, all or nothing: a later synchronize must not release these
+   * locks a second time, and a missing one must leave the map as it was. */
+  size_t removed = 0;
+  for (; removed < n && spw__lockmap_remove(e, bufs[removed]); removed++) list[removed] = bufs[removed];
+  st = removed == n ? spw__unlock_list_after(rt, e->bstream, list, n) : SPW_ERR_NOT_LOCKED;
+  if (st != SPW_OK) {
+    for (size_t i = 0; i < removed; i++)
+      if (spw__lockmap_push(e, list[i]) != SPW_OK) spw__unlock(rt, list[i]);
+    free(list);
+  }
+  return st;
+}

@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Buffers: allocation, free and queries. A free never releases memory that running work can
+ * still touch: a locked buffer is only marked, and the last lock's release finishes the
+ * job (buffer_state.h). */
+#include "api.h"
+#include "buffer_state.h"
+#include "controller.h"
+
+int spw_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, spw_buf_t *out) {
+  if (!rt || !out || bytes == 0 || (uint64_t)bytes > SPW_MAX_BUFFER_BYTES) return SPW_ERR_INVALID_ARG;
+  spw_stream_entry_t *e;
+  int st = spw__stream_entry(rt, stream, &e);
+  if (st != SPW_OK) return st;
+  spw_buf_t h;
+  st = spw__buffer_create(rt, bytes, e->bstream, &h);
+  if (st != SPW_OK) return st;
+  *out = h;
+  spw__controller_allocated(rt, h, bytes);
+  return SPW_OK;
+}
+
+int spw_free(spw_runtime_t *rt, spw_buf_t buf) {
+  if (!rt) return SPW_ERR_INVALID_ARG;
+  size_t size = 0;
+  int st = spw__buffer_free(rt, buf, &size);
+  if (st == SPW_OK) spw__controller_freed(rt, buf, size);
+  return st;
+}
+
+/* Looks up a live (not freed) buffer for a query. */
+static int live_word(spw_runtime_t *rt, spw_buf_t buf, void *out, spw_slot_t **s, uint64_t *w) {
+  if (!rt) return SPW_ERR_INVALID_ARG;
+  int st = spw__handles_lookup(&rt->handles, buf, s, w);
+  if (st != SPW_OK) return st;
+  if (*w & SPW_W_FREE_PENDING) return SPW_ERR_FREED;
+  return out ? SPW_OK : SPW_ERR_INVALID_ARG;
+}
+
+int spw_buf_size(spw_runtime_t *rt, spw_buf_t buf, size_t *out) {
+  spw_slot_t *s;
+  uint64_t w;
+  int st = live_word(rt, buf, out, &s, &w);
+  if (st == SPW_OK) *out = atomic_load_explicit(&s->size, memory_order_relaxed);
+  return st;
+}
+
+int spw_buf_state(spw_runtime_t *rt, spw_buf_t buf, spw_state_t *out) {
+  spw_slot_t *s;
+  uint64_t w;
+  int st = live_word(rt, buf, out, &s, &w);
+  if (st == SPW_OK) *out = (spw_state_t)spw__w_state(w);
+  return st;
+}
+
+int spw_buf_tier(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t *out) {
+  spw_slot_t *s;
+  uint64_t w;
+  int st = live_word(rt, buf, out, &s, &w);
+  if (st != SPW_OK) return st;
+  switch (spw__w_state(w)) {
+  case SPW_STATE_HOST:
+  case SPW_STATE_DEMOTING: *out = SPW_TIER_HOST; break;
+  case SPW_STATE_DISK: *out = SPW_TIER_DISK; break;
+  case SPW_STATE_UNSPILLING: {
+    /* Where it comes from: the slot mutex makes the placement a consistent read. */
+    pthread_mutex_lock(&s->mu);
+    *out = s->host.ptr ? SPW_TIER_HOST : SPW_TIER_DISK;
+    pthread_mutex_unlock(&s->mu);
+    break;
+  }
+  default: *out = SPW_TIER_DEVICE; break;
+  }
+  return SPW_OK;
+}
+
+int spw_buf_lock_count(spw_runtime_t *rt, spw_buf_t buf, uint32_t *out) {
+  spw_slot_t *s;
+  uint64_t w;
+  int st = live_word(rt, buf, out, &s, &w);
+  if (st == SPW_OK) *out = spw__w_count(w);
+  return st;
+}

@@ -1,0 +1,82 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Statistics: the counters, plus what is cheaper to count when asked (locked bytes: a scan
+ * of the slots, so that the lock fast path touches no shared counter). */
+#include <stdio.h>
+#include <string.h>
+
+#include "api.h"
+#include "budget.h"
+
+#define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
+
+int spw_get_stats(spw_runtime_t *rt, spw_stats_t *out) {
+  if (!rt || !out || out->struct_size < sizeof(size_t)) return SPW_ERR_INVALID_ARG;
+  spw_stats_t s;
+  memset(&s, 0, sizeof s);
+  s.struct_size = sizeof s;
+  s.buffers = LOAD(rt->handles.live);
+  s.device_bytes = LOAD(rt->budget.used);
+  s.host_bytes = LOAD(rt->c.host_bytes);
+  s.disk_bytes = LOAD(rt->c.disk_bytes);
+  s.locked_bytes = spw__locked_device_bytes(rt);
+  s.device_limit = rt->budget.limit;
+  spw_arena_stats_t as;
+  spw__arena_get_stats(rt->arena, &as);
+  s.host_pinned_bytes = as.mapped;
+  s.spills = LOAD(rt->c.spills);
+  s.spill_bytes = LOAD(rt->c.spill_bytes);
+  s.unspills = LOAD(rt->c.unspills);
+  s.unspill_bytes = LOAD(rt->c.unspill_bytes);
+  s.demotions = LOAD(rt->c.demotions);
+  s.demote_bytes = LOAD(rt->c.demote_bytes);
+  s.disk_reads = LOAD(rt->c.disk_reads);
+  s.disk_read_bytes = LOAD(rt->c.disk_read_bytes);
+  s.disk_writes = LOAD(rt->c.disk_writes);
+  s.disk_write_bytes = LOAD(rt->c.disk_write_bytes);
+  s.spills_on_demand = LOAD(rt->c.spills_on_demand);
+  s.spills_background = LOAD(rt->c.spills_background);
+  s.spills_abandoned = LOAD(rt->c.spills_abandoned);
+  s.clean_respills = LOAD(rt->c.clean_respills);
+  s.failures = LOAD(rt->c.failures);
+  s.spill_ns = LOAD(rt->c.spill_ns);
+  s.unspill_ns = LOAD(rt->c.unspill_ns);
+  s.demote_ns = LOAD(rt->c.demote_ns);
+  s.disk_read_ns = LOAD(rt->c.disk_read_ns);
+  size_t n = out->struct_size < sizeof s ? out->struct_size : sizeof s;
+  memcpy(out, &s, n);
+  out->struct_size = n;
+  return SPW_OK;
+}
+
+static const char *human(uint64_t b, char *buf, size_t len) {
+  const char *unit[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    u++;
+  }
+  snprintf(buf, len, u ? "%.1f %s" : "%.0f %s", v, unit[u]);
+  return buf;
+}
+
+int spw_stats_summary(spw_runtime_t *rt, char *buf, size_t len) {
+  if (!rt || !buf || len == 0) return SPW_ERR_INVALID_ARG;
+  spw_stats_t s = {.struct_size = sizeof s};
+  int st = spw_get_stats(rt, &s);
+  if (st != SPW_OK) return st;
+  char a[32], b[32], c[32], d[32], e[32], f[32];
+  snprintf(buf, len,
+           "%llu buffers; device %s of %s (locked %s); host %s; disk %s; spilled %s in %llu "
+           "(%.3f s, %llu on demand, %llu background, %llu abandoned); unspilled %llu; "
+           "demoted %llu; disk reads %llu; failures %llu",
+           (unsigned long long)s.buffers, human(s.device_bytes, a, sizeof a),
+           human(s.device_limit, b, sizeof b), human(s.locked_bytes, c, sizeof c),
+           human(s.host_bytes, d, sizeof d), human(s.disk_bytes, e, sizeof e),
+           human(s.spill_bytes, f, sizeof f), (unsigned long long)s.spills, s.spill_ns / 1e9,
+           (unsigned long long)s.spills_on_demand, (unsigned long long)s.spills_background,
+           (unsigned long long)s.spills_abandoned, (unsigned long long)s.unspills,
+           (unsigned long long)s.demotions, (unsigned long long)s.disk_reads,
+           (unsigned long long)s.failures);
+  return SPW_OK;
+}

@@ -1,0 +1,178 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The device budget (see budget.h) and device memory for buffers.
+ *
+ * A reservation that would pass the limit first counts on the spills already in flight
+ * (it waits for them), then spills more itself: the controller names victims if it wants
+ * to, least-recently-used unlocked buffers make up the rest. When nothing can be spilled
+ * and nothing is in flight, it looks at why before it gives up:
+ *  - the spills it tried failed (host tier full and no disk, disk full, I/O error): that
+ *    error, with the device figures, so the caller learns where the bytes could not go;
+ *  - locks handed to spw_stream_release_async are still pending: it waits for them, once,
+ *    up to 2 s (the caller itself may hold a stream back, so not for ever);
+ *  - the locked bytes plus the request exceed the limit: SPW_ERR_OUT_OF_MEMORY, the one
+ *    case where no amount of waiting or spilling could help;
+ *  - otherwise room is on its way (a free, a prefetch landing, a buffer whose slot mutex
+ *    was busy at the trylock, a move ending): it waits and tries again.
+ * Counting reservations still on their way to becoming buffers as if they were locked
+ * made allocations fail while prefetches were in flight (issue 7). */
+#include "budget.h"
+
+#include <stdio.h>
+
+#include "clock.h"
+#include "moves.h"
+#include "runtime.h"
+
+/* How long an allocation that finds everything locked waits for pending async releases. */
+#define PENDING_RELEASE_WAIT_NS 2000000000ull
+/* How long a reservation waits for room that is on its way before calling the device full:
+ * a safety net only, since every transient state ends. */
+#define NO_PROGRESS_WAIT_NS 10000000000ull
+/* One wait for room: spills in flight commit and broadcast. */
+#define ROOM_WAIT_NS 5000000ull
+
+void spw__budget_credit(spw_runtime_t *rt, uint64_t bytes) {
+  spw_budget_t *b = &rt->budget;
+  atomic_fetch_sub(&b->used, bytes);
+  pthread_mutex_lock(&b->mu);
+  pthread_cond_broadcast(&b->cv);
+  pthread_mutex_unlock(&b->mu);
+}
+
+void spw__budget_spill_started(spw_runtime_t *rt, uint64_t bytes) {
+  atomic_fetch_add(&rt->budget.spilling, bytes);
+}
+
+void spw__budget_spill_ended(spw_runtime_t *rt, uint64_t freed, uint64_t ended) {
+  /* Both before the broadcast, so a waiter never sees the spill over but its bytes used. */
+  atomic_fetch_sub(&rt->budget.spilling, ended);
+  spw__budget_credit(rt, freed);
+}
+
+uint64_t spw__locked_device_bytes(spw_runtime_t *rt) {
+  uint64_t locked = 0;
+  uint32_t n = atomic_load(&rt->handles.nslots);
+  for (uint32_t i = 0; i < n; i++) {
+    spw_slot_t *s = spw__handles_slot_at(&rt->handles, i);
+    uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
+    if (spw__w_state(w) == SPW_STATE_RESIDENT && spw__w_count(w) > 0)
+      locked += atomic_load_explicit(&s->size, memory_order_relaxed);
+  }
+  return locked;
+}
+
+static void wait_for_room(spw_runtime_t *rt) {
+  spw_budget_t *b = &rt->budget;
+  struct timespec ts = spw__deadline_in(ROOM_WAIT_NS);
+  pthread_mutex_lock(&b->mu);
+  pthread_cond_timedwait(&b->cv, &b->mu, &ts);
+  pthread_mutex_unlock(&b->mu);
+}
+
+static int out_of_memory(spw_runtime_t *rt, uint64_t used, uint64_t locked, uint64_t bytes,
+                         const char *why) {
+  return spw__set_error(rt, SPW_ERR_OUT_OF_MEMORY,
+                        "device limit %llu bytes: %llu in use, %llu of them locked, %llu asked "
+                        "for%s",
+                        (unsigned long long)rt->budget.limit, (unsigned long long)used,
+                        (unsigned long long)locked, (unsigned long long)bytes, why);
+}
+
+/* Room could not be made because the spills failed: say where the bytes could not go. */
+static int spill_failed(spw_runtime_t *rt, int why, uint64_t used, uint64_t bytes) {
+  char cause[256];
+  spw_tls_t *t = spw__tls(rt);
+  snprintf(cause, sizeof cause, "%.200s", t ? t->last_error : "");
+  return spw__set_error(rt, why,
+                        "device limit %llu bytes: %llu in use, %llu asked for, and spilling to "
+                        "make room failed: %s (%s)",
+                        (unsigned long long)rt->budget.limit, (unsigned long long)used,
+                        (unsigned long long)bytes, spw_strerror(why), cause);
+}
+
+int spw__budget_reserve(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
+  spw_budget_t *b = &rt->budget;
+  if (bytes > b->limit)
+    return spw__set_error(rt, SPW_ERR_OUT_OF_MEMORY,
+                          "%llu bytes asked for, more than the device limit of %llu bytes",
+                          (unsigned long long)bytes, (unsigned long long)b->limit);
+  int drained = spw__in_callback(rt); /* a callback must not wait on the poller */
+  uint64_t stalled_since = 0;
+  for (;;) {
+    uint64_t used = atomic_load(&b->used);
+    if (used + bytes <= b->limit) {
+      if (!atomic_compare_exchange_weak(&b->used, &used, used + bytes)) continue;
+      if (used + bytes > b->high) spw__engine_kick(rt->engine);
+      return SPW_OK;
+    }
+    uint64_t shortfall = used + bytes - b->limit;
+    uint64_t inflight = atomic_load(&b->spilling);
+    if (inflight >= shortfall) {
+      wait_for_room(rt);
+      continue;
+    }
+    int why = SPW_OK;
+    if (spw__spill_lru(rt, shortfall - inflight, SPW_SPILL_ON_DEMAND, &why) > 0) {
+      stalled_since = 0;
+      continue;
+    }
+    if (atomic_load(&b->spilling) > 0 || atomic_load(&b->used) != used) {
+      wait_for_room(rt); /* others are making room, or a spill of ours was abandoned */
+      continue;
+    }
+    if (why != SPW_OK) return spill_failed(rt, why, used, bytes);
+    if (!drained) {
+      /* Locks handed to spw_stream_release_async go as soon as their work completes. */
+      drained = 1;
+      spw__completions_drain_for(rt->completions, PENDING_RELEASE_WAIT_NS);
+      continue;
+    }
+    uint64_t locked = spw__locked_device_bytes(rt);
+    if (locked + bytes > b->limit) return out_of_memory(rt, used, locked, bytes, "");
+    if (own > 0) return SPW_ERR_NOT_READY; /* the room is the caller's own: it goes first */
+    uint64_t now = spw__now_ns();
+    if (!stalled_since) stalled_since = now;
+    if (now - stalled_since > NO_PROGRESS_WAIT_NS)
+      return out_of_memory(rt, used, locked, bytes,
+                           " (no room came free in 10 s, though not all of it is locked)");
+    wait_for_room(rt);
+  }
+}
+
+int spw__device_get(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
+                    void **out) {
+  int st = spw__budget_reserve(rt, bytes, own);
+  if (st != SPW_OK) return st;
+  for (int attempt = 0;; attempt++) {
+    st = spw__dpool_alloc(rt->dpool, bytes, stream, out);
+    if (st != SPW_ERR_OUT_OF_MEMORY) break;
+    /* The device refused although the budget allowed it (fragmentation, another process,
+     * cached pool memory, frees still queued on the engine's streams): let the queued frees
+     * land, make room, give cached memory back, then retry. */
+    rt->ops->stream_sync(rt->be, spw__d2h(rt));
+    rt->ops->stream_sync(rt->be, spw__h2d(rt));
+    uint64_t moved = attempt == 0 ? 0 : spw__spill_lru(rt, bytes, SPW_SPILL_ON_DEMAND, NULL);
+    spw__dpool_trim(rt->dpool);
+    rt->ops->trim(rt->be);
+    if (attempt == 0) continue;
+    if (moved == 0 && attempt >= 2) {
+      st = spw__set_error(rt, SPW_ERR_OUT_OF_MEMORY,
+                          "the device refused %zu bytes and nothing unlocked is left to spill",
+                          bytes);
+      break;
+    }
+    if (moved == 0) wait_for_room(rt);
+  }
+  if (st != SPW_OK) spw__budget_credit(rt, bytes);
+  return st;
+}
+
+void spw__device_free(spw_runtime_t *rt, void *ptr, size_t bytes, spw_stream_t after) {
+  if (after) spw__dpool_free_after(rt->dpool, ptr, bytes, after);
+  else spw__dpool_free(rt->dpool, ptr, bytes, spw__d2h(rt));
+}
+
+void spw__device_put(spw_runtime_t *rt, void *ptr, size_t bytes, spw_stream_t after) {
+  spw__device_free(rt, ptr, bytes, after);
+  spw__budget_credit(rt, bytes);
+}

@@ -1,0 +1,61 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Host extents for the moves (see host_extent.h). */
+#include "host_extent.h"
+
+#include <stdlib.h>
+
+#include "moves.h"
+
+typedef struct deferred_extent {
+  spw_runtime_t *rt;
+  spw_host_extent_t e;
+} deferred_extent_t;
+
+static void free_deferred(void *arg, int status) {
+  deferred_extent_t *d = arg;
+  (void)status; /* the stream no longer runs either way */
+  uint64_t bytes = d->e.bytes;
+  spw__arena_free(d->rt->arena, &d->e);
+  atomic_fetch_sub(&d->rt->c.host_deferred, bytes);
+  free(d);
+}
+
+void spw__host_extent_free_after(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream) {
+  if (!e->ptr) return;
+  deferred_extent_t *d = malloc(sizeof *d);
+  if (d) {
+    *d = (deferred_extent_t){rt, *e};
+    atomic_fetch_add(&rt->c.host_deferred, e->bytes);
+    if (spw__completions_after(rt->completions, stream, free_deferred, d) == SPW_OK) {
+      *e = (spw_host_extent_t){0};
+      return;
+    }
+    atomic_fetch_sub(&rt->c.host_deferred, e->bytes);
+    free(d);
+  }
+  /* No way to defer: wait for the stream, then free (correct, only slower). */
+  rt->ops->stream_sync(rt->be, stream);
+  spw__arena_free(rt->arena, e);
+}
+
+/* How long a spill waits for host extents on their way back before the arena grows. */
+#define DEFERRED_WAIT_NS 100000000ull
+
+int spw__host_extent_alloc(spw_runtime_t *rt, size_t bytes, spw_host_extent_t *out) {
+  if (atomic_load_explicit(&rt->c.host_deferred, memory_order_relaxed) > 0) {
+    /* Extents are on their way back (behind uploads that read them). If the arena would
+     * have to map and pin a new slab (a third of a second per GiB) rather than wait a few
+     * milliseconds for them, wait for them. */
+    spw_arena_stats_t as;
+    spw__arena_get_stats(rt->arena, &as);
+    if (as.in_use + bytes > as.mapped) spw__completions_drain_for(rt->completions, DEFERRED_WAIT_NS);
+  }
+  int st = spw__arena_alloc(rt->arena, bytes, out);
+  for (int attempt = 0; st == SPW_ERR_HOST_OUT_OF_MEMORY && attempt < 3; attempt++) {
+    int open_st;
+    if (!spw__disk(rt, &open_st)) break;
+    if (spw__demote_lru(rt, bytes) == 0) break;
+    st = spw__arena_alloc(rt->arena, bytes, out);
+  }
+  return st;
+}

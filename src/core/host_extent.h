@@ -1,0 +1,18 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private header, never installed: host extents as the moves use them. The arena hands out
+ * pinned memory; these two add what a move needs on top: making room by demoting buffers
+ * to disk when the arena is full, and returning an extent only once a stream has passed
+ * the copies that may still use it. */
+#ifndef SPILLWAY_CORE_HOST_EXTENT_H
+#define SPILLWAY_CORE_HOST_EXTENT_H
+
+#include "runtime.h"
+
+/* A host extent for `bytes`, demoting least-recently-used host buffers to disk when the
+ * arena is full. Errors: SPW_ERR_HOST_OUT_OF_MEMORY (full, and demotion freed nothing), the
+ * arena's others. */
+int spw__host_extent_alloc(spw_runtime_t *rt, size_t bytes, spw_host_extent_t *out);
+/* Returns `e` once the work enqueued so far on `stream` has completed; empties it. */
+void spw__host_extent_free_after(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream);
+
+#endif /* SPILLWAY_CORE_HOST_EXTENT_H */

@@ -1,0 +1,201 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Taking and dropping locks (see locks.h).
+ *
+ * The fast path (a RESIDENT buffer with no flags, or only CLEAN for a read-only lock) is
+ * lock-free: one CAS on the slot word. Anything else takes the slot mutex: waiting on an
+ * unspill copy still in flight, dropping a clean host copy, abandoning a spill in progress,
+ * bringing the buffer back from host or disk (moves, see moves.h), or waiting out another
+ * thread's move of it. */
+#include "locks.h"
+
+#include <stdlib.h>
+
+#include "buffer_state.h"
+#include "clock.h"
+#include "moves.h"
+
+#define LOCK_COUNT_MAX 0x7FFFFFFFu
+
+static inline int fast_ok(uint64_t w, unsigned flags) {
+  uint64_t f = w & SPW_W_FLAGS_MASK;
+  return spw__w_state(w) == SPW_STATE_RESIDENT && spw__w_count(w) < LOCK_COUNT_MAX &&
+         (f == 0 || (f == SPW_W_CLEAN && (flags & SPW_ACQUIRE_READ)));
+}
+
+static inline void touch(spw_slot_t *s) {
+  /* Coarse clock: LRU needs order at millisecond grain, and the store is skipped when the
+   * value would not change, so concurrent acquirers do not bounce the cache line. */
+  uint64_t now = spw__coarse_now_ns();
+  if (atomic_load_explicit(&s->last_use, memory_order_relaxed) != now)
+    atomic_store_explicit(&s->last_use, now, memory_order_relaxed);
+}
+
+/* Makes `stream` wait for an unspill copy that may still be landing in the buffer (slot
+ * mutex held). *landing: it may; *clear gets WAIT once the copy is seen complete. */
+static int wait_landing(spw_runtime_t *rt, spw_slot_t *s, uint64_t w, spw_stream_t stream,
+                        int *landing, uint64_t *clear) {
+  *landing = 0;
+  if (!(w & SPW_W_WAIT)) return SPW_OK;
+  int q = rt->ops->event_query(rt->be, s->ready);
+  if (q == SPW_OK) {
+    *clear |= SPW_W_WAIT;
+    return SPW_OK;
+  }
+  if (q != SPW_ERR_NOT_READY) return q;
+  *landing = 1;
+  return rt->ops->stream_wait_event(rt->be, stream, s->ready);
+}
+
+static void clear_flags(spw_slot_t *s, uint64_t clear) {
+  uint64_t cur = atomic_load(&s->word);
+  while (!atomic_compare_exchange_weak(&s->word, &cur, cur & ~clear)) {
+  }
+}
+
+/* Takes the lock of a buffer on the device, slot mutex held. Nothing changes until every
+ * step that can fail has succeeded: the stream's wait for a landing copy, the abandon of a
+ * spill in progress. Then a writable lock drops the clean host copy (it is about to go
+ * stale; a later spill that trusted it would lose the writes). */
+static int lock_on_device(spw_runtime_t *rt, spw_slot_t *s, uint64_t w, spw_stream_t stream,
+                          unsigned flags) {
+  if (spw__w_count(w) >= LOCK_COUNT_MAX) return SPW_ERR_BUSY;
+  uint64_t clear = 0;
+  int landing;
+  int st = wait_landing(rt, s, w, stream, &landing, &clear);
+  if (st != SPW_OK) return st;
+  if (spw__w_state(w) == SPW_STATE_SPILLING) {
+    /* The device copy is intact: take it back instead of waiting for the spill. */
+    st = spw__move_abandon(rt, s, stream);
+    if (st != SPW_OK) return st;
+  } else {
+    atomic_fetch_add(&s->word, 1); /* lock-free acquirers may race on the count */
+  }
+  if ((w & SPW_W_CLEAN) && !(flags & SPW_ACQUIRE_READ)) {
+    spw__slot_drop_clean(rt, s, landing);
+    clear |= SPW_W_CLEAN;
+  }
+  if (clear) clear_flags(s, clear);
+  return SPW_OK;
+}
+
+typedef enum { TAKEN, MOVE_UNSPILL, MOVE_READ, WAIT_FOR_MOVE } slow_outcome_t;
+
+/* The slow path, slot->mu held on entry and on return: takes the lock of a buffer on the
+ * device, or begins the move that brings it back (returned for the caller to run without
+ * the mutex), or says another thread's move must end first. */
+static int lock_slow(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_t stream,
+                     unsigned flags, void **dptr, spw_move_t *m, slow_outcome_t *out) {
+  uint64_t w = atomic_load(&s->word);
+  if (spw__w_gen(w) != spw__handle_gen(h) || spw__w_state(w) == SPW_SLOT_UNUSED ||
+      (w & SPW_W_FREE_PENDING))
+    return SPW_ERR_FREED;
+  *out = TAKEN;
+  switch (spw__w_state(w)) {
+  case SPW_STATE_RESIDENT:
+  case SPW_STATE_SPILLING: {
+    int st = lock_on_device(rt, s, w, stream, flags);
+    if (st == SPW_OK) *dptr = s->dptr;
+    return st;
+  }
+  case SPW_STATE_HOST:
+  case SPW_STATE_DISK: {
+    if (flags & SPW_ACQUIRE_TRY) return SPW_ERR_NOT_READY; /* moved since the first look */
+    spw_move_kind_t kind = spw__w_state(w) == SPW_STATE_HOST ? SPW_MOVE_UNSPILL : SPW_MOVE_READ;
+    if (!spw__move_begin(rt, kind, h, s, SPW_CLAIM_HELD, m)) {
+      *out = WAIT_FOR_MOVE; /* a prefetch or a demotion holds it */
+      return SPW_OK;
+    }
+    *out = kind == SPW_MOVE_UNSPILL ? MOVE_UNSPILL : MOVE_READ;
+    return SPW_OK;
+  }
+  default: /* DEMOTING or UNSPILLING: another thread is moving it */
+    if (flags & SPW_ACQUIRE_TRY) return SPW_ERR_NOT_READY;
+    *out = WAIT_FOR_MOVE;
+    return SPW_OK;
+  }
+}
+
+int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_t stream, unsigned flags, void **dptr) {
+  spw_slot_t *s;
+  uint64_t w;
+  int st = spw__handles_lookup(&rt->handles, h, &s, &w);
+  if (st != SPW_OK) return st;
+  while (fast_ok(w, flags)) {
+    if (atomic_compare_exchange_weak_explicit(&s->word, &w, w + 1, memory_order_acq_rel,
+                                              memory_order_acquire)) {
+      *dptr = s->dptr;
+      touch(s);
+      return SPW_OK;
+    }
+    if (spw__w_gen(w) != spw__handle_gen(h)) return SPW_ERR_FREED;
+  }
+  if (w & SPW_W_FREE_PENDING) return SPW_ERR_FREED;
+  int on_device = spw__w_state(w) == SPW_STATE_RESIDENT || spw__w_state(w) == SPW_STATE_SPILLING;
+  if (!on_device && (flags & SPW_ACQUIRE_TRY)) return SPW_ERR_NOT_READY;
+  if (!on_device && spw__in_callback(rt))
+    return SPW_ERR_WOULD_DEADLOCK; /* bringing it back may need to wait on the engine */
+
+  for (;;) {
+    spw_move_t m;
+    slow_outcome_t out = TAKEN;
+    pthread_mutex_lock(&s->mu);
+    st = lock_slow(rt, s, h, stream, flags, dptr, &m, &out);
+    pthread_mutex_unlock(&s->mu);
+    if (st != SPW_OK) return st;
+    if (out == MOVE_UNSPILL) st = spw__unspill(rt, &m, stream, flags, 1, dptr);
+    else if (out == MOVE_READ) st = spw__read_back(rt, &m, 1, dptr);
+    if (out != WAIT_FOR_MOVE) {
+      if (st == SPW_OK) touch(s);
+      return st;
+    }
+    spw__sleep_ns(100000); /* the other move ends soon: a demotion or a copy back */
+  }
+}
+
+void spw__unlock(spw_runtime_t *rt, spw_buf_t h) {
+  spw_slot_t *s = spw__handles_slot_at(&rt->handles, spw__handle_index(h));
+  uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
+  for (;;) {
+    if (spw__w_count(w) == 0 || spw__w_gen(w) != spw__handle_gen(h)) return; /* cannot happen */
+    if (spw__w_count(w) == 1 && (w & SPW_W_FREE_PENDING)) break; /* last lock of a freed buffer */
+    if (atomic_compare_exchange_weak_explicit(&s->word, &w, w - 1, memory_order_acq_rel,
+                                              memory_order_acquire))
+      return;
+  }
+  /* Under mu: nobody else can lock a freed buffer and the count only goes down, so the
+   * word is stable once we hold it at count 1. A mover that still holds the buffer (an
+   * abandoned spill) finishes the free when it lets go. */
+  pthread_mutex_lock(&s->mu);
+  w = atomic_fetch_sub(&s->word, 1) - 1;
+  if (!(w & SPW_W_MOVING)) spw__slot_finish_free(rt, s, h, spw__w_state(w));
+  else pthread_mutex_unlock(&s->mu);
+}
+
+void spw__unlock_list(spw_runtime_t *rt, spw_buf_t *list, size_t n) {
+  for (size_t i = 0; i < n; i++) spw__unlock(rt, list[i]);
+  free(list);
+}
+
+typedef struct unlock_job {
+  spw_runtime_t *rt;
+  spw_buf_t *list;
+  size_t n;
+} unlock_job_t;
+
+static void unlock_job_run(void *arg, int status) {
+  unlock_job_t *j = arg;
+  /* A failed stream still releases: the locks must not leak, and the stream's error
+   * reaches the application through its own synchronize. */
+  (void)status;
+  spw__unlock_list(j->rt, j->list, j->n);
+  free(j);
+}
+
+int spw__unlock_list_after(spw_runtime_t *rt, spw_stream_t stream, spw_buf_t *list, size_t n) {
+  unlock_job_t *j = malloc(sizeof *j);
+  if (!j) return SPW_ERR_SYSTEM;
+  *j = (unlock_job_t){rt, list, n};
+  int st = spw__completions_after(rt->completions, stream, unlock_job_run, j);
+  if (st != SPW_OK) free(j);
+  return st;
+}

@@ -1,0 +1,22 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private header, never installed: taking and dropping a buffer's locks (the retrieve part
+ * of retrieve-and-lock). Lock maps are the caller's: these only change the count. */
+#ifndef SPILLWAY_CORE_LOCKS_H
+#define SPILLWAY_CORE_LOCKS_H
+
+#include "runtime.h"
+
+/* Takes one lock on h, bringing it back to the device first if it is not there (ordered
+ * before what is enqueued on `stream` afterwards). `flags`: SPW_ACQUIRE_*. Errors as
+ * spw_acquire. */
+int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_t stream, unsigned flags, void **dptr);
+/* Drops one lock of h (its lock map entry is gone already). The last lock of a freed
+ * buffer finishes its free. */
+void spw__unlock(spw_runtime_t *rt, spw_buf_t h);
+/* Drops one lock of each buffer in `list` (malloc'd; freed here) now. */
+void spw__unlock_list(spw_runtime_t *rt, spw_buf_t *list, size_t n);
+/* The same once the work enqueued on `stream` so far has completed, without blocking. On
+ * error nothing is scheduled and `list` stays the caller's. */
+int spw__unlock_list_after(spw_runtime_t *rt, spw_stream_t stream, spw_buf_t *list, size_t n);
+
+#endif /* SPILLWAY_CORE_LOCKS_H */

@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private header, never installed: the moves between tiers, each built on the state
+ * machine (buffer_state.h), and the victim policy that picks what to move.
+ *
+ *   spill_move.c    device -> host, a batch at a time (pipelined sub-batches)
+ *   disk_move.c     device -> disk, host -> disk (demotion), disk -> device
+ *   unspill_move.c  host -> device: one buffer for an acquire, or a prefetch batch
+ *   victims.c       least-recently-used victims, on the device and on host
+ *
+ * Every move ends with the buffer in its last good tier when it fails, and reports to the
+ * controller (state_changed) and to spw_async_error through spw__report_move.
+ */
+#ifndef SPILLWAY_CORE_MOVES_H
+#define SPILLWAY_CORE_MOVES_H
+
+#include "buffer_state.h"
+
+/* Why a spill happens (statistics, and whether its failures are the caller's). */
+typedef enum spw_spill_reason {
+  SPW_SPILL_EXPLICIT,   /* spw_spill / spw_spill_n */
+  SPW_SPILL_ON_DEMAND,  /* a reservation needed room */
+  SPW_SPILL_BACKGROUND, /* above the high watermark */
+} spw_spill_reason_t;
+
+/* A spill victim: a move begun (SPILLING), and what the spill gathers for it. */
+typedef struct spw_victim {
+  spw_move_t m;
+  spw_host_extent_t ext; /* where its bytes go (empty for a clean victim) */
+  int to_disk;           /* no host memory for it: straight to disk instead */
+  int status;            /* SPW_OK, or why it did not move */
+  spw_move_end_t end;
+} spw_victim_t;
+
+/* ---- spill_move.c ---- */
+/* Begins a spill of h. Returns 1 and fills *v if it could. */
+int spw__victim_claim(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_claim_t claim,
+                      spw_victim_t *v);
+/* Copies the claimed victims to host memory in pipelined sub-batches, commits them and
+ * reports them. Returns the device bytes that left the device. */
+uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spill_reason_t why);
+
+/* ---- disk_move.c ---- */
+/* A claimed victim straight to disk through the staging pipeline; commits and reports. */
+int spw__spill_to_disk(spw_runtime_t *rt, spw_victim_t *v, spw_spill_reason_t why);
+/* Demotes h (HOST -> DISK); with `claim` SPW_CLAIM_TRY it never waits for the slot mutex.
+ * SPW_ERR_BUSY if h is not (any more) an unlocked HOST buffer. */
+int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim);
+/* Reads a DISK buffer back: `m` is a READ move begun by the caller, who holds no lock.
+ * Takes `locks` locks. On success *dptr is its device memory and the data has landed. */
+int spw__read_back(spw_runtime_t *rt, const spw_move_t *m, uint32_t locks, void **dptr);
+
+/* ---- unspill_move.c ---- */
+/* Brings a HOST buffer back for an acquire: `m` is an UNSPILL move begun by the caller, who
+ * holds no lock. The copy is enqueued on the upload stream and `stream` waits on it; the
+ * host does not. Takes `locks` locks; with SPW_ACQUIRE_READ in `flags` the host copy is
+ * kept as a clean copy. */
+int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, unsigned flags,
+                 uint32_t locks, void **dptr);
+/* Brings the HOST buffers among hs back as pipelined batches, marking each RESIDENT (its
+ * host copy kept clean) once its copy has completed; others are skipped. Returns how many
+ * moved. */
+size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n);
+
+/* ---- victims.c ---- */
+/* Spills least-recently-used unlocked buffers (the controller's choices first) until
+ * `bytes` have left the device, on this thread, waiting for the copies. Returns the bytes
+ * that left; when 0, *why (may be NULL) is the status of the last failed spill, or SPW_OK
+ * if there was nothing to spill. */
+uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason, int *why);
+/* Demotes least-recently-used host buffers until `bytes` of host memory came free. Returns
+ * the bytes freed. */
+uint64_t spw__demote_lru(spw_runtime_t *rt, uint64_t bytes);
+
+/* ---- reporting (controller.c) ---- */
+/* Delivers a move's event to the controller, counts a failure (status other than SPW_OK,
+ * SPW_ERR_LOCKED) in stats.failures and records it for spw_async_error. Call with no lock
+ * held. */
+void spw__report_move(spw_runtime_t *rt, spw_buf_t h, spw_state_t from, spw_state_t to,
+                      uint64_t bytes, uint64_t ns, int status);
+
+#endif /* SPILLWAY_CORE_MOVES_H */

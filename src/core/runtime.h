@@ -1,0 +1,143 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private header, never installed: the runtime object, and the per-thread error text and
+ * callback depth every core file uses.
+ *
+ * The runtime owns everything: settings, the backend (always behind the fault shim), the
+ * handle table, the stream table, the budget, the host arena, the disk tier, the device
+ * pool, the spill engine, the completion poller and the event pool. Nothing in Spillway
+ * lives outside it.
+ *
+ * Lock order (outer to inner): a slot's mu -> a stream's lock-map spin lock -> d2h_gate ->
+ * budget mu, arena mutex, disk_mu, completion mutex, engine mutex, event pool mutex, tls_mu,
+ * ctl_mu. A thread never holds two slot mutexes at once except through a trylock, and no
+ * user or controller callback runs while any of these is held (callbacks are collected and
+ * delivered afterwards).
+ */
+#ifndef SPILLWAY_CORE_RUNTIME_H
+#define SPILLWAY_CORE_RUNTIME_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdint.h>
+
+#include "backend.h"
+#include "backend_faults.h"
+#include "budget.h"
+#include "completions.h"
+#include "config.h"
+#include "device_pool.h"
+#include "disk_tier.h"
+#include "engine.h"
+#include "event_pool.h"
+#include "handle_table.h"
+#include "host_arena.h"
+#include "log.h"
+#include "stream_table.h"
+
+/* Per-thread state of one runtime (pthread key): last error text, callback depth. */
+typedef struct spw_tls {
+  char last_error[512];
+  int callback_depth; /* > 0 while this thread runs a controller callback */
+  struct spw_tls *next;
+} spw_tls_t;
+
+/* Counters behind spw_stats_t; relaxed atomics, read together without a lock. */
+typedef struct spw_counters {
+  _Atomic uint64_t spills, spill_bytes, unspills, unspill_bytes;
+  _Atomic uint64_t demotions, demote_bytes, disk_reads, disk_read_bytes;
+  _Atomic uint64_t disk_writes, disk_write_bytes;
+  _Atomic uint64_t spills_on_demand, spills_background, spills_abandoned, clean_respills;
+  _Atomic uint64_t failures;
+  _Atomic uint64_t spill_ns, unspill_ns, demote_ns, disk_read_ns;
+  _Atomic uint64_t host_bytes, disk_bytes; /* authoritative bytes per tier (buffer_state.c) */
+  _Atomic uint64_t host_deferred; /* host extent bytes waiting for a stream to be returned */
+} spw_counters_t;
+
+struct spw_runtime {
+  spw_settings_t settings;
+  spw_log_t log;
+  spw_backend_kind_t kind;
+  const spw_backend_ops_t *ops; /* the fault shim's ops */
+  spw_backend_t *be;            /* the fault shim, wrapping the real backend */
+  spw_stream_t null_bstream;    /* what the backend is given for the NULL stream */
+
+  spw_handle_table_t handles;
+  spw_stream_table_t streams;
+  spw_budget_t budget;
+
+  /* Tiers. The disk tier is opened the first time it is needed; disk_mu guards opening
+   * it, and `disk` never changes once set until destruction. */
+  spw_host_arena_t *arena;
+  pthread_mutex_t disk_mu;
+  spw_disk_t *disk;
+  int disk_status; /* why opening the disk tier failed, once it has (then not retried) */
+
+  spw_dpool_t *dpool;
+  spw_engine_t *engine;
+  spw_completions_t *completions;
+  spw_event_pool_t events;
+
+  /* Orders what is enqueued on the engine's download stream against acquires that abandon
+   * a spill: a mover checks that its victims are still SPILLING and enqueues their copies
+   * under it, and an abandoning acquirer records an event on that stream under it, so the
+   * acquirer's stream waits for every copy that may still read the buffer. */
+  pthread_mutex_t d2h_gate;
+
+  pthread_mutex_t ctl_mu;
+  spw_controller_t ctl;
+  void *ctl_user;
+  atomic_int has_ctl; /* read without ctl_mu first: no controller costs no lock per event */
+
+  pthread_key_t tls_key;
+  pthread_mutex_t tls_mu;
+  spw_tls_t *tls_list;
+  _Atomic int async_error;
+
+  spw_counters_t c;
+};
+
+/* ---- per-thread errors and callback depth (errors.c) ---- */
+spw_tls_t *spw__tls(spw_runtime_t *rt);
+/* Records the text for spw_last_error and logs it at debug level; returns `status`. */
+int spw__set_error(spw_runtime_t *rt, int status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* The error sink handed to the backend, the fault shim and the disk tier. */
+void spw__error_sink(void *rt, const char *name, const char *text);
+/* The log sink handed to the disk tier. */
+void spw__log_sink(void *rt, int level, const char *msg);
+/* Remembers the first error of background work for spw_async_error / spw_wait_idle. A
+ * status that would mean "the caller's mistake" (bad argument, handle, stream) cannot come
+ * from background work: it is recorded as SPW_ERR_INTERNAL. */
+void spw__set_async_error(spw_runtime_t *rt, int status);
+static inline int spw__in_callback(spw_runtime_t *rt) {
+  spw_tls_t *t = spw__tls(rt);
+  return t && t->callback_depth > 0;
+}
+
+/* ---- the engine's streams ---- */
+static inline spw_stream_t spw__d2h(spw_runtime_t *rt) {
+  return spw__engine_stream(rt->engine, SPW_LANE_DOWN);
+}
+static inline spw_stream_t spw__h2d(spw_runtime_t *rt) {
+  return spw__engine_stream(rt->engine, SPW_LANE_UP);
+}
+
+/* ---- the disk tier (runtime.c) ---- */
+/* The disk tier, opened now if it is not yet; NULL with *status the reason it cannot be
+ * used (remembered: later calls fail fast with the same status). */
+spw_disk_t *spw__disk(spw_runtime_t *rt, int *status);
+
+/* ---- test seams (runtime.c) ---- */
+/* The next `count` backend operations of kind `f` fail (see backend_faults.h). */
+void spw__inject_fault(spw_runtime_t *rt, spw_fault_t f, uint32_t count);
+/* Opens the disk tier if needed, then its next `count` transfers fail with `status`
+ * (SPW_ERR_IO, SPW_ERR_DISK_FULL, or 1 for a short transfer). Nothing if it cannot open. */
+void spw__inject_disk_fault(spw_runtime_t *rt, int status, unsigned count);
+
+/* ---- lifecycle (runtime.c) ---- */
+/* Builds a runtime from resolved settings. */
+int spw__runtime_open(const spw_settings_t *settings, spw_runtime_t **out);
+/* Frees every buffer and everything the runtime owns; no lock may be held, no call may run. */
+void spw__runtime_close(spw_runtime_t *rt);
+
+#endif /* SPILLWAY_CORE_RUNTIME_H */

@@ -1,0 +1,180 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The spill move, device -> host, for a batch of victims at once.
+ *
+ * The victims' copies go out as one copy_batch per part on the engine's download stream
+ * (one kernel for the small ones, copy engines for the large ones), then one event; device
+ * memory is freed only after that event has completed. A victim with a clean host copy
+ * (read-only since its last unspill) moves no bytes. A victim whose host extent cannot be
+ * had goes straight to disk instead (disk_move.c), so that the device gets its room even
+ * when host memory is full.
+ *
+ * Abandons: an acquire may take a victim back at any time before its commit. Copies are
+ * enqueued under the runtime's d2h_gate, and only for victims still SPILLING at that
+ * moment; the abandoning acquire takes the same gate to record the event its stream waits
+ * on. So the acquirer's later writes never race with a copy of the buffer, and a victim
+ * abandoned before its copy was enqueued is never copied at all. */
+#include <stdlib.h>
+
+#include "clock.h"
+#include "host_extent.h"
+#include "moves.h"
+#include "pipeline.h"
+
+/* Victims per part: enough to amortize a launch and an event, few enough that the CPU work
+ * of one part hides behind the copy of the previous one. */
+#define PART_VICTIMS 2048
+
+int spw__victim_claim(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_claim_t claim,
+                      spw_victim_t *v) {
+  if (!spw__move_begin(rt, SPW_MOVE_SPILL, h, s, claim, &v->m)) return 0;
+  v->ext = (spw_host_extent_t){0};
+  v->to_disk = 0;
+  v->status = SPW_OK;
+  v->end = SPW_MOVE_BACK;
+  spw__budget_spill_started(rt, v->m.size);
+  return 1;
+}
+
+static int is_clean(const spw_victim_t *v) { return (v->m.flags & SPW_W_CLEAN) != 0; }
+static int is_landing(const spw_victim_t *v) { return (v->m.flags & SPW_W_WAIT) != 0; }
+
+typedef struct spill_run {
+  spw_runtime_t *rt;
+  spw_victim_t *v;
+  size_t n;
+  spw_copy_desc_t *descs;
+  spw_stream_t d2h;
+  spw_spill_reason_t why;
+  uint64_t freed;  /* device bytes that left */
+  uint64_t copied; /* bytes copied (a clean victim copies none) */
+  size_t moved, clean;
+} spill_run_t;
+
+/* Gets host memory for a victim to copy, or sends it to disk when there is none. */
+static void prepare(spw_runtime_t *rt, spw_victim_t *v) {
+  if (is_clean(v)) return;
+  v->status = spw__host_extent_alloc(rt, v->m.size, &v->ext);
+  int open_st;
+  if (v->status == SPW_ERR_HOST_OUT_OF_MEMORY && spw__disk(rt, &open_st)) {
+    /* Host memory is full and demotion could not free enough: the device still needs the
+     * room, so this one skips the host tier. */
+    v->to_disk = 1;
+    v->status = SPW_OK;
+  }
+}
+
+static void spill_start(void *ctx, spw_part_t *p) {
+  spill_run_t *r = ctx;
+  p->count = r->n - p->first < PART_VICTIMS ? r->n - p->first : PART_VICTIMS;
+  spw_victim_t *v = r->v + p->first;
+  for (size_t i = 0; i < p->count; i++) prepare(r->rt, &v[i]);
+  size_t nd = 0;
+  pthread_mutex_lock(&r->rt->d2h_gate);
+  for (size_t i = 0; i < p->count; i++)
+    if (v[i].ext.ptr && spw__move_wanted(&v[i].m))
+      r->descs[nd++] = (spw_copy_desc_t){v[i].ext.ptr, v[i].m.from.dptr, v[i].m.size};
+  spw__part_copy(r->rt, p, r->descs, nd, SPW_COPY_D2H, r->d2h);
+  pthread_mutex_unlock(&r->rt->d2h_gate);
+}
+
+/* Commits one victim whose copy has completed (or failed: then it stays RESIDENT). */
+static void settle(spill_run_t *r, spw_victim_t *v, int copy_status) {
+  spw_runtime_t *rt = r->rt;
+  if (v->status == SPW_OK && !is_clean(v)) v->status = copy_status;
+  spw_place_t release = {0};
+  if (v->status != SPW_OK) {
+    v->end = spw__move_abort(rt, &v->m, 0);
+    spw__arena_free(rt->arena, &v->ext); /* nothing still writes it */
+    return;
+  }
+  /* A clean victim moved nothing, so an unspill copy may still be landing in its device
+   * memory, reading the host copy that now becomes authoritative: the memory goes back
+   * behind the upload stream, and HOST keeps WAIT for the host copy. */
+  int landing = is_clean(v) && is_landing(v);
+  spw_place_t to = {.host = v->ext};
+  v->end = spw__move_commit(rt, &v->m, &to, landing ? SPW_W_WAIT : 0, 0, &release);
+  r->freed += spw__place_release(rt, &release, v->m.size, landing ? spw__h2d(rt) : NULL);
+  if (v->end != SPW_MOVE_DONE) return;
+  r->moved++;
+  if (is_clean(v)) r->clean++;
+  else r->copied += v->m.size;
+}
+
+static void spill_finish(void *ctx, spw_part_t *p) {
+  spill_run_t *r = ctx;
+  int st = spw__part_wait(r->rt, p, r->d2h);
+  uint64_t ended = 0;
+  for (size_t i = p->first; i < p->first + p->count; i++) {
+    spw_victim_t *v = &r->v[i];
+    ended += v->m.size;
+    if (v->to_disk) {
+      /* Commits, accounts and reports itself, through the staging pipeline. */
+      ended -= v->m.size;
+      v->status = spw__spill_to_disk(r->rt, v, r->why);
+      continue;
+    }
+    settle(r, v, st);
+  }
+  /* The room goes back now, not at the end of the batch: whoever waits for it goes on
+   * while the next part is still copying. */
+  spw__budget_spill_ended(r->rt, r->freed, ended);
+  r->freed = 0;
+}
+
+uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spill_reason_t why) {
+  uint64_t t0 = spw__now_ns();
+  spill_run_t r = {.rt = rt, .v = v, .n = n, .d2h = spw__d2h(rt), .why = why};
+  r.descs = malloc((n < PART_VICTIMS ? n : PART_VICTIMS) * sizeof *r.descs);
+  int st = r.descs ? SPW_OK : SPW_ERR_SYSTEM;
+  int landing = 0;
+  for (size_t i = 0; i < n; i++) landing |= !is_clean(&v[i]) && is_landing(&v[i]);
+  if (st == SPW_OK && landing) {
+    /* Copies back from earlier unspills may still be landing in some of this memory. They
+     * all ran on the upload stream, in order, so one wait covers every victim (a wait per
+     * victim costs a microsecond each). */
+    spw_bevent_t *up = NULL;
+    st = spw__event_get(&rt->events, &up);
+    if (st == SPW_OK) st = rt->ops->event_record(rt->be, up, spw__h2d(rt));
+    if (st == SPW_OK) st = rt->ops->stream_wait_event(rt->be, r.d2h, up);
+    if (up) spw__event_put(&rt->events, up); /* reusable once the wait is enqueued */
+  }
+  if (st != SPW_OK) {
+    /* Nothing can be copied: every victim stays where it is. */
+    uint64_t ended = 0;
+    for (size_t i = 0; i < n; i++) {
+      v[i].status = st;
+      v[i].end = spw__move_abort(rt, &v[i].m, 0);
+      ended += v[i].m.size;
+    }
+    spw__budget_spill_ended(rt, 0, ended);
+  } else {
+    spw_pipeline_t pl = {.n = n, .start = spill_start, .finish = spill_finish, .ctx = &r};
+    spw__pipeline_run(&pl);
+  }
+  free(r.descs);
+
+  uint64_t dt = spw__now_ns() - t0;
+  atomic_fetch_add(&rt->c.spills, r.moved);
+  atomic_fetch_add(&rt->c.spill_bytes, r.copied);
+  atomic_fetch_add(&rt->c.spill_ns, dt);
+  atomic_fetch_add(&rt->c.clean_respills, r.clean);
+  if (why == SPW_SPILL_ON_DEMAND) atomic_fetch_add(&rt->c.spills_on_demand, r.moved);
+  if (why == SPW_SPILL_BACKGROUND) atomic_fetch_add(&rt->c.spills_background, r.moved);
+  uint64_t left = 0;
+  for (size_t i = 0; i < n; i++) {
+    if (v[i].to_disk) { /* reported by spw__spill_to_disk */
+      if (v[i].status == SPW_OK) left += v[i].m.size;
+      continue;
+    }
+    if (v[i].end == SPW_MOVE_DONE) {
+      left += v[i].m.size;
+      spw__report_move(rt, v[i].m.h, SPW_STATE_RESIDENT, SPW_STATE_HOST,
+                       is_clean(&v[i]) ? 0 : v[i].m.size, dt, SPW_OK);
+    } else if (v[i].end == SPW_MOVE_BACK) {
+      spw__report_move(rt, v[i].m.h, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, dt, v[i].status);
+    } else {
+      v[i].status = v[i].end == SPW_MOVE_FREED ? SPW_ERR_FREED : SPW_ERR_BUSY; /* never left */
+    }
+  }
+  return left;
+}

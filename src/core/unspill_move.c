@@ -1,0 +1,168 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The unspill moves, host -> device: one buffer for an acquire (stream-ordered: the
+ * caller's host thread does not wait for the copy), or a prefetch batch (pipelined parts,
+ * each marked resident once its copy has completed).
+ *
+ * For an acquire, device memory is allocated on the engine's upload stream, the copy
+ * enqueued there, the slot's `ready` event recorded after it, and the caller's stream made
+ * to wait on it. The buffer is RESIDENT at once with WAIT: later acquirers on other streams
+ * wait on `ready` too until it has been seen complete. The host copy is kept as a clean
+ * copy for a read-only acquire, else returned once the upload stream has passed the copy. */
+#include <stdlib.h>
+
+#include "clock.h"
+#include "moves.h"
+#include "pipeline.h"
+
+int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, unsigned flags,
+                 uint32_t locks, void **dptr) {
+  uint64_t t0 = spw__now_ns();
+  spw_stream_t h2d = spw__h2d(rt);
+  spw_slot_t *s = m->s;
+  void *d = NULL;
+  int copied = 0;
+  int st = spw__device_get(rt, m->size, h2d, 0, &d);
+  if (st == SPW_OK) {
+    spw_copy_desc_t desc = {d, m->from.host.ptr, m->size};
+    st = rt->ops->copy_batch_async(rt->be, &desc, 1, SPW_COPY_H2D, h2d);
+    copied = st == SPW_OK;
+    /* `ready` is the mover's while the buffer is UNSPILLING. */
+    if (st == SPW_OK && !s->ready) st = rt->ops->event_create(rt->be, &s->ready);
+    if (st == SPW_OK) st = rt->ops->event_record(rt->be, s->ready, h2d);
+    if (st == SPW_OK && stream != h2d) st = rt->ops->stream_wait_event(rt->be, stream, s->ready);
+  }
+  uint64_t dt = spw__now_ns() - t0;
+  spw_move_end_t end;
+  if (st == SPW_OK) {
+    uint64_t keep = (flags & SPW_ACQUIRE_READ) ? SPW_W_CLEAN : 0;
+    spw_place_t to = {.dptr = d}, release;
+    end = spw__move_commit(rt, m, &to, SPW_W_WAIT | keep, locks, &release);
+    /* The copy may still read the host extent, and (freed meanwhile) write the memory. */
+    uint64_t device = spw__place_release(rt, &release, m->size, h2d);
+    if (device) spw__budget_credit(rt, device);
+  } else {
+    if (d) spw__device_put(rt, d, m->size, copied ? h2d : NULL);
+    /* WAIT: a copy that may still read the host extent was enqueued. */
+    end = spw__move_abort(rt, m, copied ? SPW_W_WAIT : 0);
+  }
+  if (end == SPW_MOVE_FREED) return SPW_ERR_FREED;
+  if (end == SPW_MOVE_BACK) {
+    spw__report_move(rt, m->h, SPW_STATE_HOST, SPW_STATE_HOST, 0, dt, st);
+    return st;
+  }
+  atomic_fetch_add(&rt->c.unspills, 1);
+  atomic_fetch_add(&rt->c.unspill_bytes, m->size);
+  atomic_fetch_add(&rt->c.unspill_ns, dt);
+  spw__report_move(rt, m->h, SPW_STATE_HOST, SPW_STATE_RESIDENT, m->size, dt, SPW_OK);
+  *dptr = d;
+  return SPW_OK;
+}
+
+/* ---- prefetch batches -------------------------------------------------------------------- */
+
+/* Parts: a part's copy starts as soon as its own room is made, and its buffers are marked
+ * resident as soon as it lands, while the next part is prepared. Big buffers go one per
+ * part (an acquirer of the first waits for it alone); small ones many per part. */
+#define UP_PART_ITEMS 2048
+#define UP_PART_BYTES ((uint64_t)64 << 20)
+
+typedef struct up_item {
+  spw_move_t m;
+  void *d;
+  int status;
+  spw_move_end_t end;
+} up_item_t;
+
+typedef struct up_run {
+  spw_runtime_t *rt;
+  up_item_t *it;
+  size_t n;
+  spw_copy_desc_t *descs;
+  spw_stream_t h2d;
+  uint64_t held;  /* reserved for items not yet committed (this part and the one in flight) */
+  size_t moved;
+  uint64_t moved_bytes;
+} up_run_t;
+
+static void up_start(void *ctx, spw_part_t *p) {
+  up_run_t *r = ctx;
+  size_t nd = 0, i = p->first;
+  uint64_t bytes = 0;
+  for (; i < r->n && i - p->first < UP_PART_ITEMS; i++) {
+    up_item_t *it = &r->it[i];
+    if (i > p->first && bytes + it->m.size > UP_PART_BYTES) break;
+    it->status = spw__device_get(r->rt, it->m.size, r->h2d, r->held, &it->d);
+    /* Room that only what this prefetch holds can give: finish what is in flight first. */
+    if (it->status == SPW_ERR_NOT_READY) break;
+    bytes += it->m.size;
+    if (it->status != SPW_OK) continue;
+    r->held += it->m.size;
+    /* The host extent is stable: the slot is UNSPILLING and only this thread moves it. */
+    r->descs[nd++] = (spw_copy_desc_t){it->d, it->m.from.host.ptr, it->m.size};
+  }
+  p->count = i - p->first;
+  spw__part_copy(r->rt, p, r->descs, nd, SPW_COPY_H2D, r->h2d);
+}
+
+static void up_finish(void *ctx, spw_part_t *p) {
+  up_run_t *r = ctx;
+  spw_runtime_t *rt = r->rt;
+  int st = spw__part_wait(rt, p, r->h2d);
+  for (size_t i = p->first; i < p->first + p->count; i++) {
+    up_item_t *it = &r->it[i];
+    if (it->d) r->held -= it->m.size;
+    if (it->status == SPW_OK) it->status = st;
+    if (it->status != SPW_OK) {
+      if (it->d) spw__device_put(rt, it->d, it->m.size, NULL); /* the part is over */
+      it->end = spw__move_abort(rt, &it->m, 0);
+      continue;
+    }
+    /* Landed: resident with no WAIT, and the host copy kept as a clean copy. */
+    spw_place_t to = {.dptr = it->d}, release;
+    it->end = spw__move_commit(rt, &it->m, &to, SPW_W_CLEAN, 0, &release);
+    uint64_t device = spw__place_release(rt, &release, it->m.size, NULL);
+    if (device) spw__budget_credit(rt, device);
+    if (it->end == SPW_MOVE_DONE) {
+      r->moved++;
+      r->moved_bytes += it->m.size;
+    }
+  }
+}
+
+size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n) {
+  uint64_t t0 = spw__now_ns();
+  up_run_t r = {.rt = rt, .h2d = spw__h2d(rt)};
+  r.it = malloc(n * sizeof *r.it);
+  r.descs = malloc((n < UP_PART_ITEMS ? n : UP_PART_ITEMS) * sizeof *r.descs);
+  if (!r.it || !r.descs) {
+    free(r.it);
+    free(r.descs);
+    spw__set_async_error(rt, SPW_ERR_SYSTEM);
+    return 0;
+  }
+  for (size_t i = 0; i < n; i++) {
+    spw_slot_t *s;
+    uint64_t w;
+    up_item_t *it = &r.it[r.n];
+    *it = (up_item_t){.status = SPW_OK};
+    if (spw__handles_lookup(&rt->handles, hs[i], &s, &w) != SPW_OK) continue;
+    if (spw__w_state(w) != SPW_STATE_HOST) continue; /* moved meanwhile, or on disk */
+    if (spw__move_begin(rt, SPW_MOVE_UNSPILL, hs[i], s, SPW_CLAIM_WAIT, &it->m)) r.n++;
+  }
+  spw_pipeline_t pl = {.n = r.n, .start = up_start, .finish = up_finish, .ctx = &r};
+  spw__pipeline_run(&pl);
+  free(r.descs);
+  uint64_t dt = spw__now_ns() - t0;
+  atomic_fetch_add(&rt->c.unspills, r.moved);
+  atomic_fetch_add(&rt->c.unspill_bytes, r.moved_bytes);
+  atomic_fetch_add(&rt->c.unspill_ns, dt);
+  for (size_t i = 0; i < r.n; i++) {
+    up_item_t *it = &r.it[i];
+    if (it->end == SPW_MOVE_DONE)
+      spw__report_move(rt, it->m.h, SPW_STATE_HOST, SPW_STATE_RESIDENT, it->m.size, dt, SPW_OK);
+    else if (it->end == SPW_MOVE_BACK)
+      spw__report_move(rt, it->m.h, SPW_STATE_HOST, SPW_STATE_HOST, 0, dt, it->status);
+  }
+  free(r.it);
+  return r.moved;
+}

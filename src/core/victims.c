@@ -1,0 +1,121 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The victim policy: least recently used first, after the controller's own choices.
+ *
+ * Candidates come from one scan of the slots without locks (a snapshot: a candidate may
+ * be locked, moved or freed by the time it is claimed, and the claim, a trylock plus a CAS
+ * in spw__move_begin, is what decides). Claims never wait for a slot mutex, so a thread
+ * that holds its own slot's mutex can never deadlock against another doing the same. */
+#include <stdlib.h>
+
+#include "controller.h"
+#include "moves.h"
+
+/* Largest batch of victims committed at once when making room: whoever waits for room (an
+ * unspill on the upload lane) goes on as soon as the first chunk is out, so the two
+ * directions overlap. Small buffers still go many to a chunk. */
+#define SPILL_CHUNK_BYTES ((uint64_t)128 << 20)
+
+typedef struct candidate {
+  uint64_t last_use;
+  uint32_t index, gen;
+} candidate_t;
+
+static int by_age(const void *a, const void *b) {
+  const candidate_t *x = a, *y = b;
+  if (x->last_use != y->last_use) return x->last_use < y->last_use ? -1 : 1;
+  return x->index < y->index ? -1 : x->index > y->index;
+}
+
+static int idle_in(uint64_t w, uint32_t state) {
+  return spw__w_state(w) == state && spw__w_count(w) == 0 &&
+         !(w & (SPW_W_FREE_PENDING | SPW_W_MOVING));
+}
+
+/* The idle buffers in `state`, oldest first (malloc'd; NULL when memory runs out). */
+static candidate_t *scan(spw_runtime_t *rt, uint32_t state, size_t *n) {
+  uint32_t nslots = atomic_load(&rt->handles.nslots);
+  candidate_t *c = malloc((size_t)nslots * sizeof *c + 1);
+  *n = 0;
+  if (!c) return NULL;
+  for (uint32_t i = 0; i < nslots; i++) {
+    spw_slot_t *s = spw__handles_slot_at(&rt->handles, i);
+    uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
+    if (!idle_in(w, state)) continue;
+    c[*n] = (candidate_t){atomic_load_explicit(&s->last_use, memory_order_relaxed), i,
+                          spw__w_gen(w)};
+    (*n)++;
+  }
+  qsort(c, *n, sizeof *c, by_age);
+  return c;
+}
+
+static int real_failure(int status) {
+  return status != SPW_OK && status != SPW_ERR_BUSY && status != SPW_ERR_FREED &&
+         status != SPW_ERR_LOCKED;
+}
+
+/* Claims the controller's choices first: up to 64 of them. */
+static size_t claim_named(spw_runtime_t *rt, uint64_t bytes, spw_victim_t *v, uint64_t *claimed) {
+  spw_buf_t named[64];
+  size_t k = spw__controller_pressure(rt, bytes, named, 64), n = 0;
+  for (size_t i = 0; i < k && *claimed < bytes; i++) {
+    spw_slot_t *s;
+    uint64_t w;
+    if (spw__handles_lookup(&rt->handles, named[i], &s, &w) != SPW_OK) continue;
+    if (idle_in(w, SPW_STATE_RESIDENT) && spw__victim_claim(rt, named[i], s, SPW_CLAIM_TRY, &v[n])) {
+      *claimed += v[n].m.size;
+      n++;
+    }
+  }
+  return n;
+}
+
+uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason, int *why) {
+  if (why) *why = SPW_OK;
+  uint32_t nslots = atomic_load(&rt->handles.nslots);
+  spw_victim_t *v = malloc(((size_t)nslots + 64) * sizeof *v);
+  if (!v) return 0;
+  uint64_t claimed = 0;
+  size_t nv = claim_named(rt, bytes, v, &claimed);
+  if (claimed < bytes) {
+    size_t nc = 0;
+    candidate_t *c = scan(rt, SPW_STATE_RESIDENT, &nc);
+    for (size_t i = 0; c && i < nc && claimed < bytes; i++) {
+      spw_slot_t *s = spw__handles_slot_at(&rt->handles, c[i].index);
+      spw_buf_t h = spw__handle_make(&rt->handles, c[i].gen, c[i].index);
+      if (spw__victim_claim(rt, h, s, SPW_CLAIM_TRY, &v[nv])) {
+        claimed += v[nv].m.size;
+        nv++;
+      }
+    }
+    free(c);
+  }
+  uint64_t moved = 0;
+  for (size_t first = 0; first < nv;) {
+    size_t last = first;
+    uint64_t chunk = 0;
+    while (last < nv && (last == first || chunk + v[last].m.size <= SPILL_CHUNK_BYTES))
+      chunk += v[last++].m.size;
+    moved += spw__spill_batch(rt, v + first, last - first, reason);
+    first = last;
+  }
+  /* Why nothing moved, so that a caller that keeps asking can stop and say. */
+  for (size_t i = 0; why && moved == 0 && i < nv; i++)
+    if (real_failure(v[i].status)) *why = v[i].status;
+  free(v);
+  return moved;
+}
+
+uint64_t spw__demote_lru(spw_runtime_t *rt, uint64_t bytes) {
+  size_t nc = 0;
+  candidate_t *c = scan(rt, SPW_STATE_HOST, &nc);
+  uint64_t freed = 0;
+  for (size_t i = 0; c && i < nc && freed < bytes; i++) {
+    spw_slot_t *s = spw__handles_slot_at(&rt->handles, c[i].index);
+    size_t size = atomic_load_explicit(&s->size, memory_order_relaxed);
+    spw_buf_t h = spw__handle_make(&rt->handles, c[i].gen, c[i].index);
+    if (spw__demote(rt, h, SPW_CLAIM_TRY) == SPW_OK) freed += size;
+  }
+  free(c);
+  return freed;
+}
