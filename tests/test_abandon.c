@@ -4,6 +4,7 @@
  * claiming the victim through the engine's seam (spw__victim_claim), so the interleaving
  * that is otherwise a matter of timing happens on every run. Both backends. */
 #include "moves.h"
+#include "test_main.h"
 #include "test_util.h"
 
 #define BYTES (256 * 1024)
@@ -87,10 +88,8 @@ static void writes_after_abandoning_a_dirty_spill_survive(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
-int main(void) {
-  puts("writes_after_abandoning_a_clean_spill_survive");
-  writes_after_abandoning_a_clean_spill_survive();
-  puts("writes_after_abandoning_a_dirty_spill_survive");
-  writes_after_abandoning_a_dirty_spill_survive();
-  return 0;
-}
+static const spw_test_t tests[] = {
+    TEST(writes_after_abandoning_a_clean_spill_survive),
+    TEST(writes_after_abandoning_a_dirty_spill_survive),
+};
+TEST_MAIN(tests)

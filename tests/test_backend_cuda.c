@@ -11,6 +11,7 @@
 #include <string.h>
 
 #include "backend.h"
+#include "test_main.h"
 #include "test_util.h"
 
 #ifndef SPW_HAVE_CUDA
@@ -48,6 +49,9 @@ static void sink_fn(void *ctx, const char *name, const char *text) {
   snprintf(k->name, sizeof k->name, "%s", name ? name : "(null)");
   pthread_mutex_unlock(&k->mu);
 }
+
+static sink_t sink;
+static spw_backend_t *be;
 
 static uint64_t rng_next(uint64_t *state) { /* splitmix64 */
   uint64_t z = (*state += 0x9E3779B97F4A7C15ull);
@@ -220,7 +224,8 @@ static void sleep_ms(long ms) {
 
 /* ---- tests --------------------------------------------------------------------------- */
 
-static void test_alloc_free_round_trip(spw_backend_t *b) {
+static void test_alloc_free_round_trip(void) {
+  spw_backend_t *b = be;
   spw_stream_t s;
   ASSERT_OK(ops->stream_create(b, &s));
   void *p = NULL, *q = NULL;
@@ -238,7 +243,8 @@ static void test_alloc_free_round_trip(spw_backend_t *b) {
   ASSERT_OK(ops->stream_destroy(b, s));
 }
 
-static void test_freed_memory_stays_cached_until_trim(spw_backend_t *b) {
+static void test_freed_memory_stays_cached_until_trim(void) {
+  spw_backend_t *b = be;
   const size_t big = 1024 * MiB;
   size_t free0, free1, free2, total;
   ASSERT_OK(ops->trim(b));
@@ -263,7 +269,8 @@ static void test_freed_memory_stays_cached_until_trim(spw_backend_t *b) {
   ASSERT_OK(ops->stream_destroy(b, s));
 }
 
-static void test_memcpy_async_round_trip(spw_backend_t *b) {
+static void test_memcpy_async_round_trip(void) {
+  spw_backend_t *b = be;
   const size_t n = MiB + 3;
   uint8_t *src = malloc(n), *back = malloc(n);
   ASSERT_TRUE(src && back);
@@ -287,7 +294,8 @@ static void test_memcpy_async_round_trip(spw_backend_t *b) {
  * gaps can be checked) and 4096-aligned extents of one registered slab. */
 enum { BATCH_N = 3000 };
 
-static void test_copy_batch_d2h_3000_buffers(spw_backend_t *b) {
+static void test_copy_batch_d2h_3000_buffers(void) {
+  spw_backend_t *b = be;
   uint64_t rng = 0xD2D2;
   size_t *size = random_sizes(BATCH_N, 2 * MiB, &rng);
   extents_t dev_e = place(size, BATCH_N, 256, 256, 0, &rng);
@@ -324,7 +332,8 @@ static void test_copy_batch_d2h_3000_buffers(spw_backend_t *b) {
   free(size);
 }
 
-static void test_copy_batch_h2d_3000_buffers(spw_backend_t *b) {
+static void test_copy_batch_h2d_3000_buffers(void) {
+  spw_backend_t *b = be;
   uint64_t rng = 0x4242;
   size_t *size = random_sizes(BATCH_N, 2 * MiB, &rng);
   extents_t dev_e = place(size, BATCH_N, 256, 256, 0, &rng);
@@ -365,7 +374,8 @@ static void test_copy_batch_h2d_3000_buffers(spw_backend_t *b) {
 
 /* Buffers at any byte offset on both sides (shared alignment mod 16, 8, 4, or none) arrive
  * intact through H2D then D2H, and nothing around them is touched. */
-static void test_copy_batch_any_alignment_round_trip(spw_backend_t *b) {
+static void test_copy_batch_any_alignment_round_trip(void) {
+  spw_backend_t *b = be;
   enum { N = 600 };
   uint64_t rng = 0xA11A;
   size_t *size = random_sizes(N, 300 * KiB, &rng);
@@ -404,7 +414,8 @@ static void test_copy_batch_any_alignment_round_trip(spw_backend_t *b) {
   free(size);
 }
 
-static void test_event_never_recorded_is_complete(spw_backend_t *b) {
+static void test_event_never_recorded_is_complete(void) {
+  spw_backend_t *b = be;
   spw_bevent_t *e = NULL;
   ASSERT_OK(ops->event_create(b, &e));
   ASSERT_OK(ops->event_query(b, e));
@@ -412,7 +423,8 @@ static void test_event_never_recorded_is_complete(spw_backend_t *b) {
   ops->event_destroy(b, e);
 }
 
-static void test_event_query_not_ready_until_host_func_returns(spw_backend_t *b) {
+static void test_event_query_not_ready_until_host_func_returns(void) {
+  spw_backend_t *b = be;
   gate_t g;
   gate_init(&g);
   spw_stream_t s;
@@ -434,7 +446,8 @@ static void test_event_query_not_ready_until_host_func_returns(spw_backend_t *b)
 /* Stream b waits on an event of stream a, which a host function holds back: b's copy must
  * not land before the gate opens. (A copy, not a host function, on b: CUDA may run all host
  * functions on one thread, which would order them without any wait.) */
-static void test_stream_wait_event_orders_streams(spw_backend_t *b) {
+static void test_stream_wait_event_orders_streams(void) {
+  spw_backend_t *b = be;
   gate_t g;
   gate_init(&g);
   spw_stream_t sa, sb;
@@ -476,7 +489,9 @@ static void test_stream_wait_event_orders_streams(spw_backend_t *b) {
   gate_fini(&g);
 }
 
-static void test_alloc_beyond_device_is_out_of_memory(spw_backend_t *b, sink_t *k) {
+static void test_alloc_beyond_device_is_out_of_memory(void) {
+  spw_backend_t *b = be;
+  sink_t *k = &sink;
   size_t total = 0;
   ASSERT_OK(ops->mem_info(b, NULL, &total));
   spw_stream_t s;
@@ -496,7 +511,9 @@ static void test_alloc_beyond_device_is_out_of_memory(spw_backend_t *b, sink_t *
   ASSERT_EQ(k->calls, calls + 1);
 }
 
-static void test_create_with_missing_device_is_cuda_error(int count) {
+static void test_create_with_missing_device_is_cuda_error(void) {
+  int count = 0;
+  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
   sink_t k = {.calls = 0};
   ASSERT_EQ(pthread_mutex_init(&k.mu, NULL), 0);
   spw_backend_params_t p = {.device = count, .on_error = sink_fn, .err_ctx = &k};
@@ -509,43 +526,36 @@ static void test_create_with_missing_device_is_cuda_error(int count) {
   pthread_mutex_destroy(&k.mu);
 }
 
-/* Runs one test call (with its arguments), naming it first. */
-#define RUN_CALL(call)                                                                       \
-  do {                                                                                       \
-    printf("%s\n", #call);                                                                  \
-    fflush(stdout);                                                                          \
-    call;                                                                                    \
-  } while (0)
-
-int main(void) {
-  sink_t k = {.calls = 0};
-  ASSERT_EQ(pthread_mutex_init(&k.mu, NULL), 0);
-  spw_backend_params_t p = {.device = 0, .on_error = sink_fn, .err_ctx = &k};
-  spw_backend_t *b = NULL;
-  int s = ops->create(&p, &b);
+/* One backend for every test, as an application would have: the error sink counts what
+ * reaches it, and only the one refused allocation may. */
+static void open_backend(void) {
+  ASSERT_EQ(pthread_mutex_init(&sink.mu, NULL), 0);
+  spw_backend_params_t p = {.device = 0, .on_error = sink_fn, .err_ctx = &sink};
+  int s = ops->create(&p, &be);
   TEST_SKIP_IF(s == SPW_ERR_NO_DEVICE, "no CUDA device on this machine");
   ASSERT_OK(s);
-  ASSERT_EQ(k.calls, 0);
-
-  RUN_CALL(test_alloc_free_round_trip(b));
-  RUN_CALL(test_memcpy_async_round_trip(b));
-  RUN_CALL(test_copy_batch_d2h_3000_buffers(b));
-  RUN_CALL(test_copy_batch_h2d_3000_buffers(b));
-  RUN_CALL(test_copy_batch_any_alignment_round_trip(b));
-  RUN_CALL(test_event_never_recorded_is_complete(b));
-  RUN_CALL(test_event_query_not_ready_until_host_func_returns(b));
-  RUN_CALL(test_stream_wait_event_orders_streams(b));
-  RUN_CALL(test_alloc_beyond_device_is_out_of_memory(b, &k));
-  RUN_CALL(test_freed_memory_stays_cached_until_trim(b));
-  ASSERT_EQ(k.calls, 1); /* the refused allocation above, nothing else */
-
-  ops->destroy(b);
-  int count = 0;
-  ASSERT_EQ(cudaGetDeviceCount(&count), cudaSuccess);
-  RUN_CALL(test_create_with_missing_device_is_cuda_error(count));
-  pthread_mutex_destroy(&k.mu);
-  printf("all passed\n");
-  return 0;
+  ASSERT_EQ(sink.calls, 0);
 }
+
+static void close_backend(void) {
+  ASSERT_LE(sink.calls, 1); /* the refused allocation, nothing else */
+  ops->destroy(be);
+  pthread_mutex_destroy(&sink.mu);
+}
+
+static const spw_test_t tests[] = {
+    TEST(test_alloc_free_round_trip),
+    TEST(test_memcpy_async_round_trip),
+    TEST(test_copy_batch_d2h_3000_buffers),
+    TEST(test_copy_batch_h2d_3000_buffers),
+    TEST(test_copy_batch_any_alignment_round_trip),
+    TEST(test_event_never_recorded_is_complete),
+    TEST(test_event_query_not_ready_until_host_func_returns),
+    TEST(test_stream_wait_event_orders_streams),
+    TEST(test_alloc_beyond_device_is_out_of_memory),
+    TEST(test_freed_memory_stays_cached_until_trim),
+    TEST(test_create_with_missing_device_is_cuda_error),
+};
+TEST_MAIN_WITH(tests, open_backend, close_backend)
 
 #endif /* SPW_HAVE_CUDA */

@@ -11,6 +11,8 @@
 #include <time.h>
 
 #include "backend.h"
+#include "gate.h"
+#include "test_main.h"
 #include "test_util.h"
 
 static const spw_backend_ops_t *ops = &spw__backend_host_ops;
@@ -40,53 +42,6 @@ static spw_bevent_t *make_event(spw_backend_t *b) {
   return e;
 }
 
-static void sleep_ms(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0) {
-  }
-}
-
-static uint64_t now_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
-}
-
-/* A host func that blocks its stream until the test opens the gate. */
-typedef struct gate {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool open;
-  atomic_int reached; /* the stream got to the gate */
-} gate_t;
-
-static void gate_init(gate_t *g) {
-  pthread_mutex_init(&g->mu, NULL);
-  pthread_cond_init(&g->cv, NULL);
-  g->open = false;
-  atomic_init(&g->reached, 0);
-}
-
-static void gate_destroy(gate_t *g) {
-  pthread_cond_destroy(&g->cv);
-  pthread_mutex_destroy(&g->mu);
-}
-
-static void gate_wait(void *arg) {
-  gate_t *g = arg;
-  atomic_store(&g->reached, 1);
-  pthread_mutex_lock(&g->mu);
-  while (!g->open) pthread_cond_wait(&g->cv, &g->mu);
-  pthread_mutex_unlock(&g->mu);
-}
-
-static void gate_open(gate_t *g) {
-  pthread_mutex_lock(&g->mu);
-  g->open = true;
-  pthread_cond_broadcast(&g->cv);
-  pthread_mutex_unlock(&g->mu);
-}
-
 static void set_flag(void *arg) { atomic_store((atomic_int *)arg, 1); }
 
 /* Whether everything enqueued on `s` so far completes within `ms`, polled (a stream that
@@ -94,9 +49,9 @@ static void set_flag(void *arg) { atomic_store((atomic_int *)arg, 1); }
 static bool stream_done_within(spw_backend_t *b, spw_stream_t s, long ms) {
   spw_bevent_t *e = make_event(b);
   ASSERT_OK(ops->event_record(b, e, s));
-  uint64_t deadline = now_ms() + (uint64_t)ms;
+  uint64_t deadline = test_now_ms() + (uint64_t)ms;
   int st;
-  while ((st = ops->event_query(b, e)) == SPW_ERR_NOT_READY && now_ms() < deadline) sleep_ms(1);
+  while ((st = ops->event_query(b, e)) == SPW_ERR_NOT_READY && test_now_ms() < deadline) test_sleep_ms(1);
   ops->event_destroy(b, e);
   return st == SPW_OK;
 }
@@ -171,7 +126,7 @@ static void test_ops_on_one_stream_run_in_fifo_order(void) {
 }
 
 static void slow_set_flag(void *arg) {
-  sleep_ms(200);
+  test_sleep_ms(200);
   atomic_store((atomic_int *)arg, 1);
 }
 
@@ -198,14 +153,14 @@ static void test_event_not_ready_while_host_func_blocks_stream(void) {
   ASSERT_OK(ops->event_record(b, e, s));
   for (int i = 0; i < 20; i++) {
     ASSERT_STATUS(ops->event_query(b, e), SPW_ERR_NOT_READY);
-    sleep_ms(2);
+    test_sleep_ms(2);
   }
   gate_open(&g);
   ASSERT_OK(ops->event_sync(b, e));
   ASSERT_OK(ops->event_query(b, e));
   ops->event_destroy(b, e);
   ASSERT_OK(ops->stream_destroy(b, s));
-  gate_destroy(&g);
+  gate_fini(&g);
   ops->destroy(b);
 }
 
@@ -234,7 +189,7 @@ static void test_event_rerecord_overwrites_previous_record(void) {
   ops->event_destroy(b, e);
   ASSERT_OK(ops->stream_destroy(b, blocked));
   ASSERT_OK(ops->stream_destroy(b, idle));
-  gate_destroy(&g);
+  gate_fini(&g);
   ops->destroy(b);
 }
 
@@ -266,7 +221,7 @@ static void test_wait_event_makes_stream_wait_for_earlier_work(void) {
   ASSERT_OK(ops->event_record(b, e, a));
   ASSERT_OK(ops->stream_wait_event(b, bs, e));
   ASSERT_OK(ops->launch_host_func(b, bs, set_flag, &b_ran));
-  sleep_ms(100);
+  test_sleep_ms(100);
   ASSERT_EQ(atomic_load(&b_ran), 0);
   gate_open(&g);
   ASSERT_TRUE(stream_done_within(b, bs, 10000));
@@ -274,7 +229,7 @@ static void test_wait_event_makes_stream_wait_for_earlier_work(void) {
   ops->event_destroy(b, e);
   ASSERT_OK(ops->stream_destroy(b, a));
   ASSERT_OK(ops->stream_destroy(b, bs));
-  gate_destroy(&g);
+  gate_fini(&g);
   ops->destroy(b);
 }
 
@@ -298,8 +253,8 @@ static void test_wait_event_does_not_wait_for_later_work(void) {
   ops->event_destroy(b, e);
   ASSERT_OK(ops->stream_destroy(b, a));
   ASSERT_OK(ops->stream_destroy(b, bs));
-  gate_destroy(&early);
-  gate_destroy(&late);
+  gate_fini(&early);
+  gate_fini(&late);
   ops->destroy(b);
 }
 
@@ -327,9 +282,9 @@ static void test_wait_event_uses_the_record_in_force_at_the_call(void) {
   ops->event_destroy(b, e);
   ASSERT_OK(ops->stream_destroy(b, a));
   ASSERT_OK(ops->stream_destroy(b, bs));
-  gate_destroy(&early);
-  gate_destroy(&late);
-  gate_destroy(&hold_b);
+  gate_fini(&early);
+  gate_fini(&late);
+  gate_fini(&hold_b);
   ops->destroy(b);
 }
 
@@ -416,7 +371,7 @@ static void test_copy_batch_async_copies_in_order_with_other_ops(void) {
     free(back[i]);
   }
   ASSERT_OK(ops->stream_destroy(b, s));
-  gate_destroy(&g);
+  gate_fini(&g);
   ops->destroy(b);
 }
 
@@ -512,7 +467,7 @@ static void test_capacity_returns_when_free_async_executes(void) {
   ASSERT_OK(ops->alloc_async(b, cap, s, &p2));
   ASSERT_OK(ops->free_async(b, p2, s));
   ASSERT_OK(ops->stream_destroy(b, s));
-  gate_destroy(&g);
+  gate_fini(&g);
   ops->destroy(b);
 }
 
@@ -545,7 +500,7 @@ static void test_host_register_validates_arguments(void) {
 /* ---- destroy ------------------------------------------------------------------------------ */
 
 static void slow_count(void *arg) {
-  sleep_ms(10);
+  test_sleep_ms(10);
   atomic_fetch_add((atomic_int *)arg, 1);
 }
 
@@ -680,11 +635,7 @@ static void test_eight_threads_enqueue_on_four_streams(void) {
 
 /* ---- runner ------------------------------------------------------------------------------- */
 
-#define TEST(fn) {#fn, fn}
-static const struct {
-  const char *name;
-  void (*fn)(void);
-} tests[] = {
+static const spw_test_t tests[] = {
     TEST(test_default_stream_exists_and_runs_work),
     TEST(test_default_capacity_is_one_gib),
     TEST(test_default_stream_cannot_be_destroyed),
@@ -711,20 +662,4 @@ static const struct {
     TEST(test_stream_destroy_with_work_queued_waits_for_it),
     TEST(test_eight_threads_enqueue_on_four_streams),
 };
-
-int main(int argc, char **argv) {
-  int ran = 0;
-  for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {
-    if (argc > 1 && strcmp(argv[1], tests[i].name) != 0) continue;
-    printf("%s\n", tests[i].name);
-    fflush(stdout);
-    tests[i].fn();
-    ran++;
-  }
-  if (ran == 0) {
-    fprintf(stderr, "no test named %s\n", argc > 1 ? argv[1] : "(none)");
-    return 1;
-  }
-  printf("ok: %d test(s)\n", ran);
-  return 0;
-}
+TEST_MAIN(tests)

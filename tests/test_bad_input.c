@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "test_main.h"
 #include "test_util.h"
 
 /* An address no runtime ever handed out as a stream. */
@@ -530,32 +531,31 @@ static void stats_summary_is_nul_terminated_when_truncated(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
-int main(void) {
-  RUN(every_status_has_its_name_and_text);
-  RUN(unknown_status_gives_unknown_status);
-  RUN(null_runtime_is_invalid_arg);
-  RUN(destroy_of_null_runtime_does_nothing);
-  RUN(last_error_is_never_null);
-  RUN(null_output_pointer_is_invalid_arg);
-  RUN(limits_accept_null_outputs);
-  RUN(zero_or_absurd_alloc_size_is_invalid_arg);
-  RUN(memcpy_of_zero_bytes_is_invalid_arg);
-  RUN(unknown_stream_is_invalid_stream);
-  RUN(destroyed_stream_is_invalid_stream);
-  RUN(stream_of_another_runtime_is_invalid_stream);
-  RUN(unknown_acquire_flags_are_invalid_arg);
-  RUN(unknown_config_flags_are_refused);
-  RUN(spill_to_device_or_unknown_tier_is_invalid_arg);
-  RUN(spill_of_a_locked_buffer_is_locked);
-  RUN(runtime_create_refuses_a_short_config_struct);
-  RUN(config_validate_names_the_bad_variable);
-  RUN(config_validate_of_good_config_gives_empty_message);
-  RUN(config_validate_truncates_message_to_len);
-  RUN(ignore_env_flag_skips_a_bad_environment);
-  RUN(config_field_out_of_range_is_config_error);
-  RUN(stream_register_on_host_backend_is_unsupported);
-  RUN(get_stats_writes_only_struct_size_bytes);
-  RUN(stats_summary_is_nul_terminated_when_truncated);
-  printf("ok\n");
-  return 0;
-}
+static const spw_test_t tests[] = {
+    TEST(every_status_has_its_name_and_text),
+    TEST(unknown_status_gives_unknown_status),
+    TEST(null_runtime_is_invalid_arg),
+    TEST(destroy_of_null_runtime_does_nothing),
+    TEST(last_error_is_never_null),
+    TEST(null_output_pointer_is_invalid_arg),
+    TEST(limits_accept_null_outputs),
+    TEST(zero_or_absurd_alloc_size_is_invalid_arg),
+    TEST(memcpy_of_zero_bytes_is_invalid_arg),
+    TEST(unknown_stream_is_invalid_stream),
+    TEST(destroyed_stream_is_invalid_stream),
+    TEST(stream_of_another_runtime_is_invalid_stream),
+    TEST(unknown_acquire_flags_are_invalid_arg),
+    TEST(unknown_config_flags_are_refused),
+    TEST(spill_to_device_or_unknown_tier_is_invalid_arg),
+    TEST(spill_of_a_locked_buffer_is_locked),
+    TEST(runtime_create_refuses_a_short_config_struct),
+    TEST(config_validate_names_the_bad_variable),
+    TEST(config_validate_of_good_config_gives_empty_message),
+    TEST(config_validate_truncates_message_to_len),
+    TEST(ignore_env_flag_skips_a_bad_environment),
+    TEST(config_field_out_of_range_is_config_error),
+    TEST(stream_register_on_host_backend_is_unsupported),
+    TEST(get_stats_writes_only_struct_size_bytes),
+    TEST(stats_summary_is_nul_terminated_when_truncated),
+};
+TEST_MAIN(tests)

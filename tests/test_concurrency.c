@@ -21,6 +21,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "test_main.h"
 #include "test_util.h"
 
 enum {
@@ -347,8 +348,7 @@ static void mixed_operations_from_many_threads_leave_nothing_behind(void) {
   free(sh);
 }
 
-int main(void) {
-  RUN(mixed_operations_from_many_threads_leave_nothing_behind);
-  printf("ok\n");
-  return 0;
-}
+static const spw_test_t tests[] = {
+    TEST(mixed_operations_from_many_threads_leave_nothing_behind),
+};
+TEST_MAIN(tests)

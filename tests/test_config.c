@@ -8,14 +8,8 @@
 #include <unistd.h>
 
 #include "config.h"
+#include "test_main.h"
 #include "test_util.h"
-
-/* Every config test starts from an environment without SPILLWAY_* variables. */
-#define RUN_CLEAN(test)                                                                      \
-  do {                                                                                       \
-    clear_env();                                                                             \
-    RUN(test);                                                                               \
-  } while (0)
 
 #define GiB ((uint64_t)1 << 30)
 #define MiB ((uint64_t)1 << 20)
@@ -30,6 +24,7 @@ static const char *const all_vars[] = {
 
 static const char *saved_tmpdir;
 
+/* Every config test starts from an environment without SPILLWAY_* variables. */
 static void clear_env(void) {
   for (size_t i = 0; i < sizeof all_vars / sizeof all_vars[0]; i++) unsetenv(all_vars[i]);
   if (saved_tmpdir) setenv("TMPDIR", saved_tmpdir, 1);
@@ -648,55 +643,58 @@ static void null_output_is_invalid_arg(void) {
   ASSERT_STATUS(spw__config_resolve(NULL, NULL, err, sizeof err), SPW_ERR_INVALID_ARG);
 }
 
-int main(void) {
+static void save_tmpdir(void) {
   const char *t = getenv("TMPDIR");
   saved_tmpdir = t ? strdup(t) : NULL;
-
-  RUN_CLEAN(defaults_without_config_or_environment);
-  RUN_CLEAN(config_init_gives_the_same_defaults_as_null);
-  RUN_CLEAN(default_spill_dir_is_tmpdir);
-  RUN_CLEAN(device_variable_is_read);
-  RUN_CLEAN(backend_variable_is_read_case_insensitively);
-  RUN_CLEAN(device_limit_variable_takes_bytes_or_percent);
-  RUN_CLEAN(host_limit_variable_takes_bytes_or_percent_of_physical_memory);
-  RUN_CLEAN(disk_limit_variable_takes_bytes_and_zero_means_none);
-  RUN_CLEAN(spill_dir_variable_beats_tmpdir);
-  RUN_CLEAN(spill_dir_of_4095_bytes_fits);
-  RUN_CLEAN(io_variable_is_read);
-  RUN_CLEAN(watermark_variables_are_read);
-  RUN_CLEAN(log_level_variable_is_read);
-  RUN_CLEAN(host_device_bytes_variable_is_read);
-  RUN_CLEAN(blank_variable_counts_as_unset);
-  RUN_CLEAN(bad_device_values_are_rejected);
-  RUN_CLEAN(bad_backend_values_are_rejected);
-  RUN_CLEAN(device_limit_error_text_names_variable_and_forms);
-  RUN_CLEAN(bad_device_limit_values_are_rejected);
-  RUN_CLEAN(bad_host_limit_values_are_rejected);
-  RUN_CLEAN(bad_disk_limit_values_are_rejected);
-  RUN_CLEAN(too_long_spill_dir_is_rejected);
-  RUN_CLEAN(bad_io_values_are_rejected);
-  RUN_CLEAN(bad_watermark_values_are_rejected);
-  RUN_CLEAN(bad_log_level_values_are_rejected);
-  RUN_CLEAN(bad_host_device_bytes_values_are_rejected);
-  RUN_CLEAN(size_parser_accepts_units_and_decimals);
-  RUN_CLEAN(size_parser_rejects_garbage);
-  RUN_CLEAN(size_parser_rejects_overflow);
-  RUN_CLEAN(size_parser_rejects_null);
-  RUN_CLEAN(device_limit_overflow_is_rejected);
-  RUN_CLEAN(zero_struct_fields_take_the_environment);
-  RUN_CLEAN(struct_fields_beat_the_environment);
-  RUN_CLEAN(struct_field_hides_a_bad_variable);
-  RUN_CLEAN(ignore_env_uses_only_struct_and_defaults);
-  RUN_CLEAN(struct_size_too_small_is_invalid_arg);
-  RUN_CLEAN(struct_ending_at_flags_is_accepted);
-  RUN_CLEAN(larger_future_struct_is_accepted);
-  RUN_CLEAN(unknown_flags_are_invalid_arg);
-  RUN_CLEAN(bad_struct_fields_are_named);
-  RUN_CLEAN(low_watermark_at_or_above_high_is_rejected);
-  RUN_CLEAN(low_watermark_below_high_is_accepted);
-  RUN_CLEAN(failure_leaves_settings_untouched);
-  RUN_CLEAN(error_text_is_truncated_and_terminated);
-  RUN_CLEAN(null_output_is_invalid_arg);
-  free((void *)saved_tmpdir);
-  return 0;
 }
+
+static void forget_tmpdir(void) { free((void *)saved_tmpdir); }
+
+static const spw_test_t tests[] = {
+    TEST(defaults_without_config_or_environment),
+    TEST(config_init_gives_the_same_defaults_as_null),
+    TEST(default_spill_dir_is_tmpdir),
+    TEST(device_variable_is_read),
+    TEST(backend_variable_is_read_case_insensitively),
+    TEST(device_limit_variable_takes_bytes_or_percent),
+    TEST(host_limit_variable_takes_bytes_or_percent_of_physical_memory),
+    TEST(disk_limit_variable_takes_bytes_and_zero_means_none),
+    TEST(spill_dir_variable_beats_tmpdir),
+    TEST(spill_dir_of_4095_bytes_fits),
+    TEST(io_variable_is_read),
+    TEST(watermark_variables_are_read),
+    TEST(log_level_variable_is_read),
+    TEST(host_device_bytes_variable_is_read),
+    TEST(blank_variable_counts_as_unset),
+    TEST(bad_device_values_are_rejected),
+    TEST(bad_backend_values_are_rejected),
+    TEST(device_limit_error_text_names_variable_and_forms),
+    TEST(bad_device_limit_values_are_rejected),
+    TEST(bad_host_limit_values_are_rejected),
+    TEST(bad_disk_limit_values_are_rejected),
+    TEST(too_long_spill_dir_is_rejected),
+    TEST(bad_io_values_are_rejected),
+    TEST(bad_watermark_values_are_rejected),
+    TEST(bad_log_level_values_are_rejected),
+    TEST(bad_host_device_bytes_values_are_rejected),
+    TEST(size_parser_accepts_units_and_decimals),
+    TEST(size_parser_rejects_garbage),
+    TEST(size_parser_rejects_overflow),
+    TEST(size_parser_rejects_null),
+    TEST(device_limit_overflow_is_rejected),
+    TEST(zero_struct_fields_take_the_environment),
+    TEST(struct_fields_beat_the_environment),
+    TEST(struct_field_hides_a_bad_variable),
+    TEST(ignore_env_uses_only_struct_and_defaults),
+    TEST(struct_size_too_small_is_invalid_arg),
+    TEST(struct_ending_at_flags_is_accepted),
+    TEST(larger_future_struct_is_accepted),
+    TEST(unknown_flags_are_invalid_arg),
+    TEST(bad_struct_fields_are_named),
+    TEST(low_watermark_at_or_above_high_is_rejected),
+    TEST(low_watermark_below_high_is_accepted),
+    TEST(failure_leaves_settings_untouched),
+    TEST(error_text_is_truncated_and_terminated),
+    TEST(null_output_is_invalid_arg),
+};
+TEST_MAIN_FULL(tests, save_tmpdir, forget_tmpdir, clear_env)

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdint.h>
 
+#include "test_main.h"
 #include "test_util.h"
 
 #define MIB ((size_t)1 << 20)
@@ -304,11 +305,11 @@ static void removing_controller_stops_callbacks(void) {
   pthread_mutex_destroy(&r.mu);
 }
 
-int main(void) {
-  RUN(callbacks_see_every_event_with_right_bytes);
-  RUN(pressure_callback_victims_are_the_ones_spilled);
-  RUN(pressure_victims_that_are_locked_are_skipped);
-  RUN(callback_wait_is_refused_and_spill_works);
-  RUN(removing_controller_stops_callbacks);
-  return 0;
-}
+static const spw_test_t tests[] = {
+    TEST(callbacks_see_every_event_with_right_bytes),
+    TEST(pressure_callback_victims_are_the_ones_spilled),
+    TEST(pressure_victims_that_are_locked_are_skipped),
+    TEST(callback_wait_is_refused_and_spill_works),
+    TEST(removing_controller_stops_callbacks),
+};
+TEST_MAIN(tests)

@@ -21,6 +21,7 @@
 
 #include "disk_io.h"
 #include "spill_file.h"
+#include "test_main.h"
 #include "test_util.h"
 
 #define KiB ((size_t)1 << 10)
@@ -72,9 +73,6 @@ typedef struct fixture {
   sink_t sink;
 } fixture_t;
 
-static const char *kind_name(spw_io_kind_t k) {
-  return k == SPW_IO_URING ? "uring" : k == SPW_IO_POSIX ? "posix" : "auto";
-}
 
 static void fixture_file(fixture_t *fx) {
   const char *base = getenv("TMPDIR");
@@ -627,29 +625,8 @@ static void test_refused_io_uring_falls_back_or_is_unsupported(void) {
 
 /* ---- driver ------------------------------------------------------------------------------- */
 
-typedef void (*kind_test_fn)(spw_io_kind_t);
-
-static const struct {
-  const char *name;
-  kind_test_fn fn;
-} kind_tests[] = {
-#define T(f) {#f, f}
-    T(test_random_writes_read_back),
-    T(test_fixed_buffers_write_and_read),
-    T(test_injected_eio_reaches_completion_and_next_works),
-    T(test_injected_disk_full_reaches_completion_and_next_works),
-    T(test_injected_short_transfers_complete),
-    T(test_read_past_end_of_file_fails_with_io_error),
-    T(test_write_past_max_file_size_is_disk_full),
-    T(test_buffered_file_works),
-    T(test_bad_arguments_are_rejected),
-    T(test_close_waits_for_requests_in_flight),
-    T(test_threads_submit_reap_and_wait_concurrently),
-#undef T
-};
-
 /* Whether io_uring can be opened here; prints why not. */
-static int uring_available(void) {
+static int uring_available_now(void) {
   fixture_t fx;
   spw_io_params_t p = {0};
   int st = fixture_open_with(&fx, SPW_IO_URING, p);
@@ -662,20 +639,59 @@ static int uring_available(void) {
   return st == SPW_OK;
 }
 
-int main(void) {
-  const spw_io_kind_t kinds[] = {SPW_IO_URING, SPW_IO_POSIX};
-  const int have_uring = uring_available();
-  for (size_t k = 0; k < 2; k++) {
-    if (kinds[k] == SPW_IO_URING && !have_uring) continue;
-    for (size_t t = 0; t < sizeof kind_tests / sizeof kind_tests[0]; t++) {
-      kind_tests[t].fn(kinds[k]);
-      printf("ok %s [%s]\n", kind_tests[t].name, kind_name(kinds[k]));
-    }
-  }
-  /* Refusing io_uring only shows something where it would otherwise work (and is built). */
-  if (have_uring) {
-    test_refused_io_uring_falls_back_or_is_unsupported();
-    printf("ok test_refused_io_uring_falls_back_or_is_unsupported\n");
-  }
-  return 0;
+static int uring_available(void) {
+  static int known = -1;
+  if (known < 0) known = uring_available_now();
+  return known;
 }
+
+/* Every I/O test runs once per path; the io_uring half is a no-op where io_uring is refused
+ * (uring_available says so once). */
+#define ON_BOTH_PATHS(f)                                                                     \
+  static void f##_uring(void) {                                                              \
+    if (uring_available()) f(SPW_IO_URING);                                                  \
+  }                                                                                          \
+  static void f##_posix(void) { f(SPW_IO_POSIX); }
+ON_BOTH_PATHS(test_random_writes_read_back)
+ON_BOTH_PATHS(test_fixed_buffers_write_and_read)
+ON_BOTH_PATHS(test_injected_eio_reaches_completion_and_next_works)
+ON_BOTH_PATHS(test_injected_disk_full_reaches_completion_and_next_works)
+ON_BOTH_PATHS(test_injected_short_transfers_complete)
+ON_BOTH_PATHS(test_read_past_end_of_file_fails_with_io_error)
+ON_BOTH_PATHS(test_write_past_max_file_size_is_disk_full)
+ON_BOTH_PATHS(test_buffered_file_works)
+ON_BOTH_PATHS(test_bad_arguments_are_rejected)
+ON_BOTH_PATHS(test_close_waits_for_requests_in_flight)
+ON_BOTH_PATHS(test_threads_submit_reap_and_wait_concurrently)
+
+/* Refusing io_uring only shows something where it would otherwise work (and is built). */
+static void refused_io_uring_falls_back_or_is_unsupported(void) {
+  if (uring_available()) test_refused_io_uring_falls_back_or_is_unsupported();
+}
+
+static const spw_test_t tests[] = {
+    TEST(test_random_writes_read_back_uring),
+    TEST(test_random_writes_read_back_posix),
+    TEST(test_fixed_buffers_write_and_read_uring),
+    TEST(test_fixed_buffers_write_and_read_posix),
+    TEST(test_injected_eio_reaches_completion_and_next_works_uring),
+    TEST(test_injected_eio_reaches_completion_and_next_works_posix),
+    TEST(test_injected_disk_full_reaches_completion_and_next_works_uring),
+    TEST(test_injected_disk_full_reaches_completion_and_next_works_posix),
+    TEST(test_injected_short_transfers_complete_uring),
+    TEST(test_injected_short_transfers_complete_posix),
+    TEST(test_read_past_end_of_file_fails_with_io_error_uring),
+    TEST(test_read_past_end_of_file_fails_with_io_error_posix),
+    TEST(test_write_past_max_file_size_is_disk_full_uring),
+    TEST(test_write_past_max_file_size_is_disk_full_posix),
+    TEST(test_buffered_file_works_uring),
+    TEST(test_buffered_file_works_posix),
+    TEST(test_bad_arguments_are_rejected_uring),
+    TEST(test_bad_arguments_are_rejected_posix),
+    TEST(test_close_waits_for_requests_in_flight_uring),
+    TEST(test_close_waits_for_requests_in_flight_posix),
+    TEST(test_threads_submit_reap_and_wait_concurrently_uring),
+    TEST(test_threads_submit_reap_and_wait_concurrently_posix),
+    TEST(refused_io_uring_falls_back_or_is_unsupported),
+};
+TEST_MAIN(tests)

@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "runtime.h"
+#include "test_main.h"
 #include "test_util.h"
 
 #define MIB ((size_t)1 << 20)
@@ -440,24 +441,26 @@ static void skip_if_uring_refused(void) {
   ASSERT_OK(st);
 }
 
-int main(void) {
-  const char *env = getenv("SPW_TEST_SEED");
-  seed0 = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
-  printf("SPW_TEST_SEED=%" PRIu64 "\n", seed0);
+static void setup(void) {
+  seed0 = spw_test_seed();
   tmpl = malloc(MAX_BUF);
   ASSERT_TRUE(tmpl != NULL);
   test_fill(tmpl, MAX_BUF, seed0);
   skip_if_uring_refused();
-  RUN(buffers_go_device_host_disk_device_intact);
-  RUN(spill_to_disk_tier_skips_the_host);
-  RUN(spill_to_a_full_host_tier_goes_to_disk);
-  RUN(four_threads_under_pressure_keep_contents);
-  RUN(write_eio_keeps_buffer_on_host);
-  RUN(write_eio_on_direct_spill_keeps_buffer_resident);
-  RUN(read_eio_fails_acquire_and_keeps_buffer_on_disk);
-  RUN(spill_file_is_invisible_and_leaves_no_trace);
-  /* Last: it may skip the run (no permission to mount), after the others have passed. */
-  RUN(enospc_on_small_tmpfs_keeps_buffers_on_host);
-  free(tmpl);
-  return 0;
 }
+
+static void teardown(void) { free(tmpl); }
+
+static const spw_test_t tests[] = {
+    TEST(buffers_go_device_host_disk_device_intact),
+    TEST(spill_to_disk_tier_skips_the_host),
+    TEST(spill_to_a_full_host_tier_goes_to_disk),
+    TEST(four_threads_under_pressure_keep_contents),
+    TEST(write_eio_keeps_buffer_on_host),
+    TEST(write_eio_on_direct_spill_keeps_buffer_resident),
+    TEST(read_eio_fails_acquire_and_keeps_buffer_on_disk),
+    TEST(spill_file_is_invisible_and_leaves_no_trace),
+    /* Last: it may skip the run (no permission to mount) after the others have passed. */
+    TEST(enospc_on_small_tmpfs_keeps_buffers_on_host),
+};
+TEST_MAIN_WITH(tests, setup, teardown)

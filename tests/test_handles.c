@@ -7,6 +7,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "test_main.h"
 #include "test_util.h"
 
 static uint64_t splitmix64(uint64_t *state) {
@@ -375,16 +376,15 @@ static void table_grows_and_every_handle_stays_valid(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
-int main(void) {
-  RUN(handle_is_never_zero);
-  RUN(freed_slot_is_reused_with_a_new_handle);
-  RUN(freed_handle_gives_freed_everywhere);
-  RUN(double_free_gives_freed);
-  RUN(random_handles_are_rejected);
-  RUN(handle_with_a_flipped_bit_is_rejected);
-  RUN(handle_of_another_runtime_is_invalid);
-  RUN(alloc_free_cycles_never_repeat_a_handle);
-  RUN(table_grows_and_every_handle_stays_valid);
-  printf("ok\n");
-  return 0;
-}
+static const spw_test_t tests[] = {
+    TEST(handle_is_never_zero),
+    TEST(freed_slot_is_reused_with_a_new_handle),
+    TEST(freed_handle_gives_freed_everywhere),
+    TEST(double_free_gives_freed),
+    TEST(random_handles_are_rejected),
+    TEST(handle_with_a_flipped_bit_is_rejected),
+    TEST(handle_of_another_runtime_is_invalid),
+    TEST(alloc_free_cycles_never_repeat_a_handle),
+    TEST(table_grows_and_every_handle_stays_valid),
+};
+TEST_MAIN(tests)

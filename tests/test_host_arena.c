@@ -13,6 +13,7 @@
 
 #include "backend.h"
 #include "host_arena.h"
+#include "test_main.h"
 #include "test_util.h"
 
 /* Pointer checks use ASSERT_TRUE: ASSERT_PTR_EQ in test_util.h declares its second
@@ -567,7 +568,7 @@ static void eight_threads_allocate_and_free_concurrently(void) {
   end_arena(a);
 }
 
-int main(void) {
+static void open_backend(void) {
   spw_backend_params_t p = {.device = 0, .host_device_bytes = 64 * MiB};
   int st = spw__backend_host_ops.create(&p, &host_backend);
   TEST_SKIP_IF(st == SPW_ERR_NO_DEVICE, "host backend unavailable");
@@ -575,26 +576,28 @@ int main(void) {
   rec_ops = spw__backend_host_ops;
   rec_ops.host_register = rec_register;
   rec_ops.host_unregister = rec_unregister;
-
-  RUN(extents_are_aligned_and_rounded);
-  RUN(extents_never_overlap);
-  RUN(freed_extent_is_reused);
-  RUN(adjacent_free_extents_coalesce);
-  RUN(limit_gives_host_out_of_memory_and_changes_nothing);
-  RUN(last_room_under_the_limit_gets_a_smaller_slab);
-  RUN(empty_slab_is_unregistered_beyond_the_two_kept);
-  RUN(kept_empty_slab_is_reused_without_registering);
-  RUN(kept_empty_slab_gives_way_under_the_limit);
-  RUN(big_request_gets_its_own_slab);
-  RUN(big_request_over_the_limit_is_refused);
-  RUN(registration_failure_leaves_no_slab_mapped);
-  RUN(destroy_gives_back_slabs_with_extents_out);
-  RUN(bad_frees_are_ignored);
-  RUN(bad_arguments_are_invalid_arg);
-  RUN(default_slab_size_is_256_mib);
-  RUN(extent_memory_round_trips_through_the_backend);
-  RUN(eight_threads_allocate_and_free_concurrently);
-
-  spw__backend_host_ops.destroy(host_backend);
-  return 0;
 }
+
+static void close_backend(void) { spw__backend_host_ops.destroy(host_backend); }
+
+static const spw_test_t tests[] = {
+    TEST(extents_are_aligned_and_rounded),
+    TEST(extents_never_overlap),
+    TEST(freed_extent_is_reused),
+    TEST(adjacent_free_extents_coalesce),
+    TEST(limit_gives_host_out_of_memory_and_changes_nothing),
+    TEST(last_room_under_the_limit_gets_a_smaller_slab),
+    TEST(empty_slab_is_unregistered_beyond_the_two_kept),
+    TEST(kept_empty_slab_is_reused_without_registering),
+    TEST(kept_empty_slab_gives_way_under_the_limit),
+    TEST(big_request_gets_its_own_slab),
+    TEST(big_request_over_the_limit_is_refused),
+    TEST(registration_failure_leaves_no_slab_mapped),
+    TEST(destroy_gives_back_slabs_with_extents_out),
+    TEST(bad_frees_are_ignored),
+    TEST(bad_arguments_are_invalid_arg),
+    TEST(default_slab_size_is_256_mib),
+    TEST(extent_memory_round_trips_through_the_backend),
+    TEST(eight_threads_allocate_and_free_concurrently),
+};
+TEST_MAIN_WITH(tests, open_backend, close_backend)

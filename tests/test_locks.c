@@ -7,6 +7,7 @@
  * backends. */
 #include <stdint.h>
 
+#include "test_main.h"
 #include "test_util.h"
 
 static uint32_t locks_of(spw_runtime_t *rt, spw_buf_t b) {
@@ -258,16 +259,15 @@ static void data_survives_release_and_reacquire(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
-int main(void) {
-  RUN(acquire_returns_pointer_and_one_lock);
-  RUN(locks_nest_and_release_one_at_a_time);
-  RUN(release_without_lock_gives_not_locked);
-  RUN(release_on_another_stream_gives_not_locked);
-  RUN(acquire_n_is_all_or_nothing);
-  RUN(acquire_n_with_duplicate_locks_it_twice);
-  RUN(synchronize_releases_locks_of_that_stream_only);
-  RUN(null_stream_locks_are_released_by_synchronizing_null);
-  RUN(data_survives_release_and_reacquire);
-  printf("ok\n");
-  return 0;
-}
+static const spw_test_t tests[] = {
+    TEST(acquire_returns_pointer_and_one_lock),
+    TEST(locks_nest_and_release_one_at_a_time),
+    TEST(release_without_lock_gives_not_locked),
+    TEST(release_on_another_stream_gives_not_locked),
+    TEST(acquire_n_is_all_or_nothing),
+    TEST(acquire_n_with_duplicate_locks_it_twice),
+    TEST(synchronize_releases_locks_of_that_stream_only),
+    TEST(null_stream_locks_are_released_by_synchronizing_null),
+    TEST(data_survives_release_and_reacquire),
+};
+TEST_MAIN(tests)

@@ -16,6 +16,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "test_main.h"
 #include "test_util.h"
 
 #define MIB ((size_t)1 << 20)
@@ -427,17 +428,19 @@ static void background_spilling_brings_usage_under_high_watermark(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
-int main(void) {
-  const char *env = getenv("SPW_TEST_SEED");
-  seed0 = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
-  printf("SPW_TEST_SEED=%" PRIu64 "\n", seed0);
+static void setup(void) {
+  seed0 = spw_test_seed();
   tmpl = malloc(MAX_BUF);
   ASSERT_TRUE(tmpl != NULL);
   test_fill(tmpl, MAX_BUF, seed0);
-  RUN(threads_over_four_times_the_budget_keep_contents);
-  RUN(locked_buffer_is_never_moved_under_pressure);
-  RUN(alloc_fails_when_everything_else_is_locked);
-  RUN(background_spilling_brings_usage_under_high_watermark);
-  free(tmpl);
-  return 0;
 }
+
+static void teardown(void) { free(tmpl); }
+
+static const spw_test_t tests[] = {
+    TEST(threads_over_four_times_the_budget_keep_contents),
+    TEST(locked_buffer_is_never_moved_under_pressure),
+    TEST(alloc_fails_when_everything_else_is_locked),
+    TEST(background_spilling_brings_usage_under_high_watermark),
+};
+TEST_MAIN_WITH(tests, setup, teardown)

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "test_main.h"
 #include "test_util.h"
 
 #define MIB ((size_t)1 << 20)
@@ -472,20 +473,19 @@ static void try_acquire_refuses_to_bring_a_buffer_back(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
-int main(void) {
-  const char *env = getenv("SPW_TEST_SEED");
-  rng_state = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
-  printf("SPW_TEST_SEED=%" PRIu64 "\n", rng_state);
-  RUN(contents_survive_spill_unspill_cycles);
-  RUN(spill_of_locked_buffer_is_refused);
-  RUN(acquire_of_host_buffer_is_right_after_stream_sync);
-  RUN(second_stream_waits_for_copy_back_too);
-  RUN(read_only_acquire_makes_next_spill_clean);
-  RUN(writable_acquire_makes_next_spill_move_bytes);
-  RUN(acquire_during_spill_abandons_it);
-  RUN(prefetch_brings_host_buffer_back);
-  RUN(stats_move_as_documented);
-  RUN(stats_summary_is_not_empty);
-  RUN(try_acquire_refuses_to_bring_a_buffer_back);
-  return 0;
-}
+static void seed(void) { rng_state = spw_test_seed(); }
+
+static const spw_test_t tests[] = {
+    TEST(contents_survive_spill_unspill_cycles),
+    TEST(spill_of_locked_buffer_is_refused),
+    TEST(acquire_of_host_buffer_is_right_after_stream_sync),
+    TEST(second_stream_waits_for_copy_back_too),
+    TEST(read_only_acquire_makes_next_spill_clean),
+    TEST(writable_acquire_makes_next_spill_move_bytes),
+    TEST(acquire_during_spill_abandons_it),
+    TEST(prefetch_brings_host_buffer_back),
+    TEST(stats_move_as_documented),
+    TEST(stats_summary_is_not_empty),
+    TEST(try_acquire_refuses_to_bring_a_buffer_back),
+};
+TEST_MAIN_WITH(tests, seed, NULL)

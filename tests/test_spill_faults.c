@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "runtime.h"
+#include "test_main.h"
 #include "test_util.h"
 
 #define MIB ((size_t)1 << 20)
@@ -276,13 +277,13 @@ static void alloc_refused_once_is_retried(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
-int main(void) {
-  RUN(copy_failure_during_spill_keeps_buffer_resident);
-  RUN(async_error_reports_failed_spill);
-  RUN(copy_failure_during_unspill_fails_acquire);
-  RUN(host_register_failure_with_empty_arena_fails_spill);
-  RUN(full_host_arena_without_disk_fails_allocation_cleanly);
-  RUN(alloc_failure_allocates_nothing);
-  RUN(alloc_refused_once_is_retried);
-  return 0;
-}
+static const spw_test_t tests[] = {
+    TEST(copy_failure_during_spill_keeps_buffer_resident),
+    TEST(async_error_reports_failed_spill),
+    TEST(copy_failure_during_unspill_fails_acquire),
+    TEST(host_register_failure_with_empty_arena_fails_spill),
+    TEST(full_host_arena_without_disk_fails_allocation_cleanly),
+    TEST(alloc_failure_allocates_nothing),
+    TEST(alloc_refused_once_is_retried),
+};
+TEST_MAIN(tests)

@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "spill_file.h"
+#include "test_main.h"
 #include "test_util.h"
 
 #define KiB ((uint64_t)1 << 10)
@@ -608,27 +609,16 @@ static void test_ramfs_without_odirect_or_fallocate(const char *dir) {
   spw__spill_file_close(f);
 }
 
-int main(void) {
-  test_file_is_invisible_private_and_unlinked();
-  test_open_missing_or_non_directory_is_config_error();
-  test_extents_are_aligned_and_disjoint();
-  test_freed_extent_is_reused_first_fit();
-  test_freed_neighbours_coalesce();
-  test_free_merges_both_sides();
-  test_disk_limit_gives_disk_full_and_changes_nothing();
-  test_bad_arguments_are_rejected();
-  test_double_free_is_ignored_and_logged();
-  test_freed_space_is_punched();
-  test_concurrent_alloc_free_never_overlaps();
-  printf("unprivileged tests passed\n");
-
+/* The tests that need small file systems of their own: a tmpfs (real ENOSPC), an ext4 on a
+ * loop device, a ramfs (no O_DIRECT, no fallocate). Mounting needs root: skipped without it
+ * (last in the table, so the others have run). */
+static void full_and_unusual_file_systems(void) {
   char *dir = make_dir();
   if (mount_fs(dir, "tmpfs", "size=8m,mode=0700") != 0) {
     int e = errno;
     remove_dir(dir);
-    printf("SKIP: cannot mount a tmpfs (%s): the ENOSPC and ramfs tests need root\n",
-           strerror(e));
-    return TEST_SKIP;
+    TEST_SKIP_IF(1, e == EPERM ? "cannot mount a tmpfs: the ENOSPC and ramfs tests need root"
+                                : "cannot mount a tmpfs here");
   }
   check_child(run_mounted(test_enospc_on_small_tmpfs, dir));
   int loop = mount_small_ext4(dir, dir);
@@ -644,6 +634,20 @@ int main(void) {
     printf("note: ramfs not available (%s): O_DIRECT fallback not exercised\n", strerror(errno));
   }
   remove_dir(dir);
-  printf("all tests passed\n");
-  return 0;
 }
+
+static const spw_test_t tests[] = {
+    TEST(test_file_is_invisible_private_and_unlinked),
+    TEST(test_open_missing_or_non_directory_is_config_error),
+    TEST(test_extents_are_aligned_and_disjoint),
+    TEST(test_freed_extent_is_reused_first_fit),
+    TEST(test_freed_neighbours_coalesce),
+    TEST(test_free_merges_both_sides),
+    TEST(test_disk_limit_gives_disk_full_and_changes_nothing),
+    TEST(test_bad_arguments_are_rejected),
+    TEST(test_double_free_is_ignored_and_logged),
+    TEST(test_freed_space_is_punched),
+    TEST(test_concurrent_alloc_free_never_overlaps),
+    TEST(full_and_unusual_file_systems),
+};
+TEST_MAIN(tests)

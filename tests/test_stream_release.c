@@ -13,82 +13,11 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "gate.h"
+#include "test_main.h"
 #include "test_util.h"
 
-#define GATE_TIMEOUT_S 5
 #define POLL_TIMEOUT_MS 5000
-
-typedef struct gate {
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  bool open, entered, timed_out;
-} gate_t;
-
-static void gate_init(gate_t *g) {
-  pthread_condattr_t ca;
-  ASSERT_EQ(pthread_condattr_init(&ca), 0);
-  ASSERT_EQ(pthread_condattr_setclock(&ca, CLOCK_MONOTONIC), 0);
-  ASSERT_EQ(pthread_mutex_init(&g->mu, NULL), 0);
-  ASSERT_EQ(pthread_cond_init(&g->cv, &ca), 0);
-  pthread_condattr_destroy(&ca);
-  g->open = g->entered = g->timed_out = false;
-}
-
-static void gate_fini(gate_t *g) {
-  pthread_cond_destroy(&g->cv);
-  pthread_mutex_destroy(&g->mu);
-}
-
-/* The host func: blocks its stream until the gate opens (or GATE_TIMEOUT_S passes). */
-static void gate_wait(void *arg) {
-  gate_t *g = arg;
-  struct timespec deadline;
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  deadline.tv_sec += GATE_TIMEOUT_S;
-  pthread_mutex_lock(&g->mu);
-  g->entered = true;
-  pthread_cond_broadcast(&g->cv);
-  while (!g->open) {
-    if (pthread_cond_timedwait(&g->cv, &g->mu, &deadline) == ETIMEDOUT) {
-      g->timed_out = true;
-      break;
-    }
-  }
-  pthread_mutex_unlock(&g->mu);
-}
-
-static void gate_open(gate_t *g) {
-  pthread_mutex_lock(&g->mu);
-  g->open = true;
-  pthread_cond_broadcast(&g->cv);
-  pthread_mutex_unlock(&g->mu);
-}
-
-static bool gate_timed_out(gate_t *g) {
-  pthread_mutex_lock(&g->mu);
-  bool t = g->timed_out;
-  pthread_mutex_unlock(&g->mu);
-  return t;
-}
-
-/* Waits until the host func runs, so that "the stream is blocked" is a fact, not a race. */
-static void gate_await_entered(gate_t *g) {
-  struct timespec deadline;
-  clock_gettime(CLOCK_MONOTONIC, &deadline);
-  deadline.tv_sec += GATE_TIMEOUT_S;
-  pthread_mutex_lock(&g->mu);
-  while (!g->entered)
-    if (pthread_cond_timedwait(&g->cv, &g->mu, &deadline) == ETIMEDOUT) break;
-  bool entered = g->entered;
-  pthread_mutex_unlock(&g->mu);
-  ASSERT_TRUE(entered);
-}
-
-static void sleep_ms(long ms) {
-  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
-  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
-  }
-}
 
 static uint32_t locks_of(spw_runtime_t *rt, spw_buf_t b) {
   uint32_t n = 0xFFFFFFFFu;
@@ -100,7 +29,7 @@ static uint32_t locks_of(spw_runtime_t *rt, spw_buf_t b) {
 static bool await_locks(spw_runtime_t *rt, spw_buf_t b, uint32_t want) {
   for (int waited = 0; waited < POLL_TIMEOUT_MS; waited++) {
     if (locks_of(rt, b) == want) return true;
-    sleep_ms(1);
+    test_sleep_ms(1);
   }
   return locks_of(rt, b) == want;
 }
@@ -121,7 +50,7 @@ static void release_async_does_not_block_and_releases_when_work_completes(void) 
   ASSERT_TRUE(!gate_timed_out(&g));
   gate_await_entered(&g);
   ASSERT_EQ(locks_of(rt, b), 1);
-  sleep_ms(100);
+  test_sleep_ms(100);
   ASSERT_EQ(locks_of(rt, b), 1);
   ASSERT_UEQ(stats_of(rt).locked_bytes, 4096);
   gate_open(&g);
@@ -164,11 +93,11 @@ static void synchronize_waits_for_a_blocked_stream_then_releases(void) {
   sync_call_t c = {rt, s, 1, false};
   pthread_t t;
   ASSERT_EQ(pthread_create(&t, NULL, sync_thread, &c), 0);
-  sleep_ms(200);
+  test_sleep_ms(200);
   ASSERT_TRUE(!atomic_load(&c.done));
   ASSERT_EQ(locks_of(rt, b), 1);
   gate_open(&g);
-  for (int waited = 0; waited < POLL_TIMEOUT_MS && !atomic_load(&c.done); waited++) sleep_ms(1);
+  for (int waited = 0; waited < POLL_TIMEOUT_MS && !atomic_load(&c.done); waited++) test_sleep_ms(1);
   ASSERT_TRUE(atomic_load(&c.done));
   ASSERT_EQ(pthread_join(t, NULL), 0);
   ASSERT_OK(c.status);
@@ -201,7 +130,7 @@ static void lock_taken_after_release_async_is_kept(void) {
   ASSERT_EQ(locks_of(rt, b), 1);
   gate_open(&g);
   ASSERT_TRUE(await_locks(rt, a, 1));
-  sleep_ms(100); /* a late second pass of the release would show now */
+  test_sleep_ms(100); /* a late second pass of the release would show now */
   ASSERT_EQ(locks_of(rt, a), 1);
   ASSERT_EQ(locks_of(rt, b), 1);
   ASSERT_UEQ(stats_of(rt).locked_bytes, 4096 + 8192);
@@ -295,7 +224,7 @@ static void free_of_a_locked_buffer_keeps_memory_until_release(void) {
   ASSERT_STATUS(spw_free(rt, b), SPW_ERR_FREED);
   /* ...but its memory is not. */
   ASSERT_UEQ(stats_of(rt).device_bytes, before.device_bytes + BYTES);
-  sleep_ms(50);
+  test_sleep_ms(50);
   ASSERT_UEQ(stats_of(rt).device_bytes, before.device_bytes + BYTES);
   gate_open(&g);
   ASSERT_OK(spw_stream_synchronize(rt, s));
@@ -336,18 +265,6 @@ static void destroy_with_a_locked_buffer_is_busy(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
-typedef struct opener {
-  gate_t *g;
-  long after_ms;
-} opener_t;
-
-static void *open_later(void *arg) {
-  opener_t *o = arg;
-  sleep_ms(o->after_ms);
-  gate_open(o->g);
-  return NULL;
-}
-
 /* Fills a 4 MiB budget with buffers locked on s behind a closed gate, then hands their locks
  * to release_async. */
 static spw_runtime_t *budget_locked_behind(gate_t *g, spw_stream_t *s, spw_buf_t b[4]) {
@@ -373,9 +290,8 @@ static void alloc_waits_for_locks_that_release_async_will_release(void) {
   spw_stream_t s;
   spw_buf_t b[4], extra;
   spw_runtime_t *rt = budget_locked_behind(&g, &s, b);
-  opener_t o = {&g, 200};
   pthread_t t;
-  ASSERT_EQ(pthread_create(&t, NULL, open_later, &o), 0);
+  gate_open_later(&g, 200, &t);
   ASSERT_OK(spw_alloc(rt, 1 << 20, NULL, &extra));
   ASSERT_EQ(pthread_join(t, NULL), 0);
   ASSERT_TRUE(!gate_timed_out(&g));
@@ -429,7 +345,7 @@ static void release_n_async_releases_only_its_buffers_when_work_completes(void) 
   ASSERT_OK(spw_release_n_async(rt, mine, 3, s));
   ASSERT_TRUE(!gate_timed_out(&g));
   gate_await_entered(&g);
-  sleep_ms(50);
+  test_sleep_ms(50);
   ASSERT_EQ(locks_of(rt, b[0]), 1);
   ASSERT_EQ(locks_of(rt, b[1]), 2);
   /* The listed locks left the map: releasing them again by hand is refused. */
@@ -489,18 +405,17 @@ static void synchronize_runs_pending_release_n_async(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
-int main(void) {
-  RUN(release_async_does_not_block_and_releases_when_work_completes);
-  RUN(synchronize_waits_for_a_blocked_stream_then_releases);
-  RUN(lock_taken_after_release_async_is_kept);
-  RUN(synchronize_after_release_async_leaves_no_lock);
-  RUN(free_of_a_locked_buffer_keeps_memory_until_release);
-  RUN(destroy_with_a_locked_buffer_is_busy);
-  RUN(alloc_waits_for_locks_that_release_async_will_release);
-  RUN(alloc_wait_for_pending_releases_is_bounded);
-  RUN(release_n_async_releases_only_its_buffers_when_work_completes);
-  RUN(release_n_async_with_a_missing_lock_changes_nothing);
-  RUN(synchronize_runs_pending_release_n_async);
-  printf("ok\n");
-  return 0;
-}
+static const spw_test_t tests[] = {
+    TEST(release_async_does_not_block_and_releases_when_work_completes),
+    TEST(synchronize_waits_for_a_blocked_stream_then_releases),
+    TEST(lock_taken_after_release_async_is_kept),
+    TEST(synchronize_after_release_async_leaves_no_lock),
+    TEST(free_of_a_locked_buffer_keeps_memory_until_release),
+    TEST(destroy_with_a_locked_buffer_is_busy),
+    TEST(alloc_waits_for_locks_that_release_async_will_release),
+    TEST(alloc_wait_for_pending_releases_is_bounded),
+    TEST(release_n_async_releases_only_its_buffers_when_work_completes),
+    TEST(release_n_async_with_a_missing_lock_changes_nothing),
+    TEST(synchronize_runs_pending_release_n_async),
+};
+TEST_MAIN(tests)

@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "stream_table.h"
+#include "test_main.h"
 #include "test_util.h"
 
 static spw_stream_t key(size_t i) { return (spw_stream_t)(uintptr_t)(0x10000 + i * 64); }
@@ -48,8 +49,8 @@ static void a_table_full_of_live_streams_refuses_one_more(void) {
   free(t);
 }
 
-int main(void) {
-  RUN(more_distinct_streams_over_a_lifetime_than_the_table_holds);
-  RUN(a_table_full_of_live_streams_refuses_one_more);
-  return 0;
-}
+static const spw_test_t tests[] = {
+    TEST(more_distinct_streams_over_a_lifetime_than_the_table_holds),
+    TEST(a_table_full_of_live_streams_refuses_one_more),
+};
+TEST_MAIN(tests)

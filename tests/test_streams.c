@@ -2,6 +2,7 @@
 /* Streams over a runtime's life: many more streams than the table holds at once may be
  * created and destroyed one after another (a dead entry is taken over by a new stream), a
  * destroyed stream is rejected, and locks follow the stream that took them. Both backends. */
+#include "test_main.h"
 #include "test_util.h"
 
 #define LIFETIME_STREAMS 5000 /* more than the 4096 live at once */
@@ -44,8 +45,8 @@ static void destroyed_stream_is_rejected_while_another_takes_its_entry(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
-int main(void) {
-  RUN(more_streams_over_a_lifetime_than_live_at_once);
-  RUN(destroyed_stream_is_rejected_while_another_takes_its_entry);
-  return 0;
-}
+static const spw_test_t tests[] = {
+    TEST(more_streams_over_a_lifetime_than_live_at_once),
+    TEST(destroyed_stream_is_rejected_while_another_takes_its_entry),
+};
+TEST_MAIN(tests)

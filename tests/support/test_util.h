@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Test support, shared by every test: assertion macros that print the expression and both
- * values, the skip convention (exit 77), and runtime creation on the backend CTest chose
- * (SPILLWAY_BACKEND=host|cuda; a cuda test without a GPU skips). */
+ * values, the skip convention (exit 77), runtime creation on the backend CTest chose
+ * (SPILLWAY_BACKEND=host|cuda; a cuda test without a GPU skips), content patterns, random
+ * numbers and time. Only spillway.h: API tests include nothing else of the library. */
 #ifndef SPILLWAY_TESTS_TEST_UTIL_H
 #define SPILLWAY_TESTS_TEST_UTIL_H
 
+#include <errno.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "spillway/spillway.h"
 
@@ -63,13 +66,17 @@
     }                                                                                        \
   } while (0)
 
-/* Runs one test function, naming it first (so a failure's output says which one). */
-#define RUN(test)                                                                            \
-  do {                                                                                       \
-    printf("%s\n", #test);                                                                  \
-    fflush(stdout);                                                                          \
-    test();                                                                                  \
-  } while (0)
+/* Sleeps `ms` milliseconds; the monotonic clock in milliseconds. */
+static inline void test_sleep_ms(long ms) {
+  struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+static inline uint64_t test_now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
+}
 
 /* The runtime's statistics and a buffer's state; the call must succeed. */
 static inline spw_stats_t stats_of(spw_runtime_t *rt) {
