@@ -133,6 +133,8 @@ void spw__disk_free(spw_disk_t *d, spw_disk_extent_t *e) {
   *e = (spw_disk_extent_t){0};
 }
 
+uint64_t spw__disk_in_use(const spw_disk_t *d) { return spw__spill_file_bytes_in_use(d->file); }
+
 void spw__disk_inject_fault(spw_disk_t *d, int status, unsigned count) {
   spw__io_inject_fault(d->io, status, count);
 }

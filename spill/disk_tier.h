@@ -62,6 +62,9 @@ int spw__disk_read_device(spw_disk_t *d, const spw_disk_extent_t *src, void *dpt
 /* Returns an extent; an empty one is ignored. */
 void spw__disk_free(spw_disk_t *d, spw_disk_extent_t *e);
 
+/* Bytes of the spill file in use, and its limit (0: none). */
+uint64_t spw__disk_in_use(const spw_disk_t *d);
+
 /* Test hook: the next `count` transfers fail with `status` (see spw__io_inject_fault). */
 void spw__disk_inject_fault(spw_disk_t *d, int status, unsigned count);
 

@@ -1,8 +1,15 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* An acquire that abandons a spill in progress: the buffer stays where it was and every
- * write made after the abandon survives the next spill. The spill is put in progress by
- * claiming the victim through the engine's seam (spw__victim_claim), so the interleaving
- * that is otherwise a matter of timing happens on every run. Both backends. */
+/* An acquire that abandons a spill in progress: the buffer stays where it was, every write
+ * made after the abandon survives the next spill, and the spiller keeps the buffer (its
+ * MOVING flag) until it lets go, so nobody else may spill or free it under its copy. The
+ * spill is put in progress by claiming the victim through the state machine's seam
+ * (spw__victim_claim), and the download stream is held still with a gate where a copy must
+ * be in flight, so interleavings that are otherwise a matter of timing happen on every
+ * run. Both backends. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "gate.h"
 #include "moves.h"
 #include "test_main.h"
 #include "test_util.h"
@@ -50,7 +57,7 @@ static void writes_after_abandoning_a_clean_spill_survive(void) {
   spw_victim_t v = claim(rt, b);
   ASSERT_TRUE(v.m.flags & SPW_W_CLEAN);
   write_pattern(rt, b, s, 2); /* abandons the spill, then writes */
-  spw__spill_batch(rt, &v, 1, 0);
+  spw__spill_batch(rt, &v, 1, SPW_SPILL_EXPLICIT);
   ASSERT_EQ(v.status, SPW_ERR_BUSY); /* the abandoned spill committed nothing */
 
   spw_stats_t before = {.struct_size = sizeof before}, after = {.struct_size = sizeof after};
@@ -76,7 +83,7 @@ static void writes_after_abandoning_a_dirty_spill_survive(void) {
   spw_victim_t v = claim(rt, b);
   ASSERT_TRUE(!(v.m.flags & SPW_W_CLEAN));
   write_pattern(rt, b, s, 4);
-  spw__spill_batch(rt, &v, 1, 0);
+  spw__spill_batch(rt, &v, 1, SPW_SPILL_EXPLICIT);
   ASSERT_EQ(v.status, SPW_ERR_BUSY);
   spw_tier_t tier;
   ASSERT_OK(spw_buf_tier(rt, b, &tier));
@@ -88,8 +95,126 @@ static void writes_after_abandoning_a_dirty_spill_survive(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
+/* Issue 7: a victim abandoned, unlocked and claimed again by a second spiller, who
+ * committed it (device memory freed, pointer NULL) while the first spiller had still to
+ * copy from it. The first claim now holds the buffer until its spiller lets go. */
+static void an_abandoned_victim_cannot_be_claimed_again_until_its_spiller_lets_go(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, BYTES, s, &b));
+  write_pattern(rt, b, s, 5);
+  spw_victim_t first = claim(rt, b);
+  ASSERT_EQ(mismatch(rt, b, s, 5), (size_t)-1); /* abandons, reads, releases */
+  spw_slot_t *slot;
+  uint64_t w;
+  spw_victim_t second;
+  ASSERT_OK(spw__handles_lookup(&rt->handles, b, &slot, &w));
+  ASSERT_TRUE(!spw__victim_claim(rt, b, slot, SPW_CLAIM_WAIT, &second));
+  ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST)); /* queued: the engine finds it taken */
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT);
+  spw__spill_batch(rt, &first, 1, SPW_SPILL_EXPLICIT);
+  ASSERT_EQ(first.status, SPW_ERR_BUSY);
+  second = claim(rt, b); /* let go: claimable again, and it spills */
+  spw__spill_batch(rt, &second, 1, SPW_SPILL_EXPLICIT);
+  ASSERT_OK(second.status);
+  ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
+  ASSERT_EQ(mismatch(rt, b, s, 5), (size_t)-1);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+/* Issue 7: a victim abandoned, unlocked and freed had its device memory returned at once
+ * and reused by a prefetch while the spiller still read it. The free now waits for the
+ * spiller: the handle is dead at once, the memory goes when the spiller lets go. */
+static void free_of_an_abandoned_victim_waits_for_its_spiller(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, BYTES, s, &b));
+  write_pattern(rt, b, s, 6);
+  spw_victim_t v = claim(rt, b);
+  ASSERT_EQ(mismatch(rt, b, s, 6), (size_t)-1);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_STATUS(spw_buf_size(rt, b, &(size_t){0}), SPW_ERR_FREED);
+  spw_stats_t held = stats_of(rt);
+  ASSERT_UEQ(held.device_bytes, BYTES); /* still the spiller's */
+  spw__spill_batch(rt, &v, 1, SPW_SPILL_EXPLICIT);
+  ASSERT_EQ(v.status, SPW_ERR_BUSY);
+  spw_stats_t gone = stats_of(rt);
+  ASSERT_UEQ(gone.device_bytes, 0);
+  ASSERT_UEQ(gone.buffers, 0);
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+typedef struct spiller {
+  spw_runtime_t *rt;
+  spw_victim_t *v;
+} spiller_t;
+
+static void *spill_main(void *arg) {
+  spiller_t *sp = arg;
+  spw__spill_batch(sp->rt, sp->v, 1, SPW_SPILL_EXPLICIT);
+  return NULL;
+}
+
+static void count_copy(void *arg, spw_fault_t op, spw_stream_t stream) {
+  (void)op;
+  (void)stream;
+  atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+static void set_flag(void *arg) { atomic_store((atomic_int *)arg, 1); }
+
+/* Issue 7: an acquire that abandoned a spill whose copy was already enqueued returned at
+ * once, and the application's writes raced with the copy still reading the buffer. Now the
+ * acquiring stream waits for that copy: with the download stream held behind a gate, work
+ * enqueued after the acquire does not run until the gate opens. */
+static void work_after_an_abandon_waits_for_the_spill_copy(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  spw_buf_t b;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_alloc(rt, BYTES, s, &b));
+  write_pattern(rt, b, s, 7);
+  gate_t g;
+  gate_init(&g);
+  atomic_int copies = 0, ran = 0;
+  ASSERT_OK(rt->ops->launch_host_func(rt->be, spw__d2h(rt), gate_wait, &g));
+  spw__faults_hook(rt->be, SPW_FAULT_COPY, count_copy, &copies);
+  spw_victim_t v = claim(rt, b);
+  spiller_t sp = {rt, &v};
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, spill_main, &sp), 0);
+  for (uint64_t t0 = test_now_ms(); atomic_load(&copies) == 0 && test_now_ms() - t0 < 5000;)
+    test_sleep_ms(1);
+  ASSERT_EQ(atomic_load(&copies), 1);
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d)); /* abandons; the copy is enqueued, held */
+  spw__faults_hook(rt->be, SPW_FAULT_COPY, NULL, NULL);
+  ASSERT_OK(spw_launch_host_func(rt, s, set_flag, &ran));
+  test_sleep_ms(100);
+  ASSERT_EQ(atomic_load(&ran), 0); /* behind the spill copy */
+  gate_open(&g);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_EQ(atomic_load(&ran), 1);
+  ASSERT_EQ(pthread_join(t, NULL), 0);
+  ASSERT_EQ(v.status, SPW_ERR_BUSY);
+  ASSERT_TRUE(!gate_timed_out(&g));
+  ASSERT_EQ(mismatch(rt, b, s, 7), (size_t)-1);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  gate_fini(&g);
+}
+
 static const spw_test_t tests[] = {
     TEST(writes_after_abandoning_a_clean_spill_survive),
     TEST(writes_after_abandoning_a_dirty_spill_survive),
+    TEST(an_abandoned_victim_cannot_be_claimed_again_until_its_spiller_lets_go),
+    TEST(free_of_an_abandoned_victim_waits_for_its_spiller),
+    TEST(work_after_an_abandon_waits_for_the_spill_copy),
 };
 TEST_MAIN(tests)

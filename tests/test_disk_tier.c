@@ -441,6 +441,45 @@ static void skip_if_uring_refused(void) {
   ASSERT_OK(st);
 }
 
+/* Issue 7: with the host and disk tiers both full, an allocation said "out of memory, 0 of
+ * them locked". It now says where the bytes could not go, and nothing is lost: once buffers
+ * are freed (every tier full means nothing can move: a buffer read back from disk needs a
+ * device copy before its disk copy goes), work goes on. */
+static void alloc_with_host_and_disk_full_says_the_disk_is_full(void) {
+  char dir[] = "/tmp/spw-test-disk-XXXXXX";
+  make_dir(dir);
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.spill_dir = dir;
+  cfg.device_limit = 2 * MIB;
+  cfg.host_limit = 1 * MIB;
+  cfg.disk_limit = 1 * MIB;
+  cfg.host_device_bytes = 8 * MIB;
+  cfg.high_watermark = 1.0; /* only the allocations spill */
+  cfg.low_watermark = 0.9;
+  spw_runtime_t *rt = test_runtime(&cfg);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b[5];
+  for (int i = 0; i < 4; i++) b[i] = filled(rt, s, 1 * MIB, 70 + (uint64_t)i);
+  ASSERT_STATUS(spw_alloc(rt, 1 * MIB, s, &b[4]), SPW_ERR_DISK_FULL);
+  ASSERT_TRUE(strstr(spw_last_error(rt), "spilling to make room failed") != NULL);
+  ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_DISK_FULL); /* the failed moves, reported */
+  spw_stats_t st = stats_of(rt);
+  ASSERT_UEQ(st.buffers, 4);
+  ASSERT_UEQ(st.device_bytes, 2 * MIB);
+  ASSERT_UEQ(st.host_bytes, 1 * MIB);
+  ASSERT_UEQ(st.disk_bytes, 1 * MIB);
+  ASSERT_OK(spw_free(rt, b[0]));
+  ASSERT_OK(spw_free(rt, b[3]));
+  b[4] = filled(rt, s, 1 * MIB, 74);
+  for (int i = 1; i < 3; i++) expect_contents(rt, b[i], s, 1 * MIB, 70 + (uint64_t)i);
+  expect_contents(rt, b[4], s, 1 * MIB, 74);
+  for (int i = 1; i < 5; i++)
+    if (i != 3) ASSERT_OK(spw_free(rt, b[i]));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(rmdir(dir), 0);
+}
+
 static void setup(void) {
   seed0 = spw_test_seed();
   tmpl = malloc(MAX_BUF);
@@ -460,6 +499,7 @@ static const spw_test_t tests[] = {
     TEST(write_eio_on_direct_spill_keeps_buffer_resident),
     TEST(read_eio_fails_acquire_and_keeps_buffer_on_disk),
     TEST(spill_file_is_invisible_and_leaves_no_trace),
+    TEST(alloc_with_host_and_disk_full_says_the_disk_is_full),
     /* Last: it may skip the run (no permission to mount) after the others have passed. */
     TEST(enospc_on_small_tmpfs_keeps_buffers_on_host),
 };

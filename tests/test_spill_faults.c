@@ -277,6 +277,24 @@ static void alloc_refused_once_is_retried(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
+/* Issue 7: a failed spill batch reached spw_wait_idle as SPW_ERR_INVALID_ARG, the code for
+ * a caller's bad input. Background work takes no input from the caller: such a status from
+ * below is recorded as SPW_ERR_INTERNAL; every other status keeps its meaning. */
+static void background_failures_never_look_like_the_callers_mistake(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  const int mistakes[] = {SPW_ERR_INVALID_ARG, SPW_ERR_INVALID_HANDLE, SPW_ERR_FREED,
+                          SPW_ERR_NOT_LOCKED, SPW_ERR_INVALID_STREAM};
+  for (size_t i = 0; i < sizeof mistakes / sizeof mistakes[0]; i++) {
+    spw__set_async_error(rt, mistakes[i]);
+    ASSERT_STATUS(spw_async_error(rt), SPW_ERR_INTERNAL);
+  }
+  spw__set_async_error(rt, SPW_ERR_CUDA);
+  spw__set_async_error(rt, SPW_ERR_IO); /* the first one is kept */
+  ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_CUDA);
+  ASSERT_OK(spw_async_error(rt));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
 static const spw_test_t tests[] = {
     TEST(copy_failure_during_spill_keeps_buffer_resident),
     TEST(async_error_reports_failed_spill),
@@ -285,5 +303,6 @@ static const spw_test_t tests[] = {
     TEST(full_host_arena_without_disk_fails_allocation_cleanly),
     TEST(alloc_failure_allocates_nothing),
     TEST(alloc_refused_once_is_retried),
+    TEST(background_failures_never_look_like_the_callers_mistake),
 };
 TEST_MAIN(tests)

@@ -81,13 +81,32 @@ static int out_of_memory(spw_runtime_t *rt, uint64_t used, uint64_t locked, uint
 /* Room could not be made because the spills failed: say where the bytes could not go. */
 static int spill_failed(spw_runtime_t *rt, int why, uint64_t used, uint64_t bytes) {
   char cause[256];
-  spw_tls_t *t = spw__tls(rt);
-  snprintf(cause, sizeof cause, "%.200s", t ? t->last_error : "");
+  spw_arena_stats_t as;
+  spw__arena_get_stats(rt->arena, &as);
+  int open_st;
+  spw_disk_t *disk = why == SPW_ERR_HOST_OUT_OF_MEMORY || why == SPW_ERR_DISK_FULL
+                         ? spw__disk(rt, &open_st) : NULL;
+  if (why == SPW_ERR_HOST_OUT_OF_MEMORY && !disk)
+    snprintf(cause, sizeof cause, "host tier full (%llu of %llu bytes) and no disk tier (%s)",
+             (unsigned long long)as.in_use, (unsigned long long)as.limit, spw_err_name(open_st));
+  else if (rt->settings.disk_limit)
+    snprintf(cause, sizeof cause, "host tier full (%llu of %llu bytes), disk tier full (%llu of %llu bytes)",
+             (unsigned long long)as.in_use, (unsigned long long)as.limit,
+             (unsigned long long)spw__disk_in_use(disk),
+             (unsigned long long)rt->settings.disk_limit);
+  else if (disk)
+    snprintf(cause, sizeof cause,
+             "host tier full (%llu of %llu bytes), disk tier full (%llu bytes in use: the file "
+             "system in %.64s is full)",
+             (unsigned long long)as.in_use, (unsigned long long)as.limit,
+             (unsigned long long)spw__disk_in_use(disk), rt->settings.spill_dir);
+  else
+    snprintf(cause, sizeof cause, "%.200s", spw__tls(rt) ? spw__tls(rt)->last_error : "");
   return spw__set_error(rt, why,
-                        "device limit %llu bytes: %llu in use, %llu asked for, and spilling to "
-                        "make room failed: %s (%s)",
+                        "device limit %llu bytes: %llu in use, %llu asked for; spilling to make "
+                        "room failed with %s: %s",
                         (unsigned long long)rt->budget.limit, (unsigned long long)used,
-                        (unsigned long long)bytes, spw_strerror(why), cause);
+                        (unsigned long long)bytes, spw_err_name(why), cause);
 }
 
 int spw__budget_reserve(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
@@ -120,7 +139,11 @@ int spw__budget_reserve(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
       wait_for_room(rt); /* others are making room, or a spill of ours was abandoned */
       continue;
     }
-    if (why != SPW_OK) return spill_failed(rt, why, used, bytes);
+    if (why != SPW_OK) {
+      /* The lower tiers are full, or failing: buffers with a clean host copy need neither. */
+      if (spw__spill_clean(rt, shortfall - inflight) > 0) continue;
+      return spill_failed(rt, why, used, bytes);
+    }
     if (!drained) {
       /* Locks handed to spw_stream_release_async go as soon as their work completes. */
       drained = 1;

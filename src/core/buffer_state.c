@@ -257,7 +257,7 @@ spw_move_end_t spw__move_commit(spw_runtime_t *rt, const spw_move_t *m, const sp
   }
   if (old.dptr != now.dptr) release->dptr = old.dptr;
   if (old.host.ptr != now.host.ptr) release->host = old.host;
-  if (old.disk.bytes && old.disk.off != now.disk.off) release->disk = old.disk;
+  if (old.disk.bytes && !(now.disk.bytes && now.disk.off == old.disk.off)) release->disk = old.disk;
   s->dptr = now.dptr;
   s->host = now.host;
   s->disk = now.disk;

@@ -41,20 +41,24 @@ void spw__host_extent_free_after(spw_runtime_t *rt, spw_host_extent_t *e, spw_st
 /* How long a spill waits for host extents on their way back before the arena grows. */
 #define DEFERRED_WAIT_NS 100000000ull
 
+/* Waits (bounded) for extents on their way back when the arena cannot serve `bytes` from
+ * what it has mapped: mapping and pinning a new slab costs a third of a second per GiB, and
+ * under the host limit there may be no room for one at all. */
+static void await_deferred(spw_runtime_t *rt, size_t bytes) {
+  if (atomic_load_explicit(&rt->c.host_deferred, memory_order_relaxed) == 0) return;
+  spw_arena_stats_t as;
+  spw__arena_get_stats(rt->arena, &as);
+  if (as.in_use + bytes > as.mapped) spw__completions_drain_for(rt->completions, DEFERRED_WAIT_NS);
+}
+
 int spw__host_extent_alloc(spw_runtime_t *rt, size_t bytes, spw_host_extent_t *out) {
-  if (atomic_load_explicit(&rt->c.host_deferred, memory_order_relaxed) > 0) {
-    /* Extents are on their way back (behind uploads that read them). If the arena would
-     * have to map and pin a new slab (a third of a second per GiB) rather than wait a few
-     * milliseconds for them, wait for them. */
-    spw_arena_stats_t as;
-    spw__arena_get_stats(rt->arena, &as);
-    if (as.in_use + bytes > as.mapped) spw__completions_drain_for(rt->completions, DEFERRED_WAIT_NS);
-  }
+  await_deferred(rt, bytes);
   int st = spw__arena_alloc(rt->arena, bytes, out);
   for (int attempt = 0; st == SPW_ERR_HOST_OUT_OF_MEMORY && attempt < 3; attempt++) {
     int open_st;
     if (!spw__disk(rt, &open_st)) break;
     if (spw__demote_lru(rt, bytes) == 0) break;
+    await_deferred(rt, bytes); /* a demoted extent an upload may still read comes back later */
     st = spw__arena_alloc(rt->arena, bytes, out);
   }
   return st;

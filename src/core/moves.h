@@ -67,6 +67,10 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n);
  * that left; when 0, *why (may be NULL) is the status of the last failed spill, or SPW_OK
  * if there was nothing to spill. */
 uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason, int *why);
+/* The same among buffers with a clean host copy only: they leave the device without a
+ * copy and without needing room in a lower tier, so they are what is left to spill when
+ * the lower tiers are full. */
+uint64_t spw__spill_clean(spw_runtime_t *rt, uint64_t bytes);
 /* Demotes least-recently-used host buffers until `bytes` of host memory came free. Returns
  * the bytes freed. */
 uint64_t spw__demote_lru(spw_runtime_t *rt, uint64_t bytes);

@@ -31,8 +31,9 @@ static int idle_in(uint64_t w, uint32_t state) {
          !(w & (SPW_W_FREE_PENDING | SPW_W_MOVING));
 }
 
-/* The idle buffers in `state`, oldest first (malloc'd; NULL when memory runs out). */
-static candidate_t *scan(spw_runtime_t *rt, uint32_t state, size_t *n) {
+/* The idle buffers in `state` (with all of `flags`), oldest first (malloc'd; NULL when
+ * memory runs out). */
+static candidate_t *scan(spw_runtime_t *rt, uint32_t state, uint64_t flags, size_t *n) {
   uint32_t nslots = atomic_load(&rt->handles.nslots);
   candidate_t *c = malloc((size_t)nslots * sizeof *c + 1);
   *n = 0;
@@ -40,7 +41,7 @@ static candidate_t *scan(spw_runtime_t *rt, uint32_t state, size_t *n) {
   for (uint32_t i = 0; i < nslots; i++) {
     spw_slot_t *s = spw__handles_slot_at(&rt->handles, i);
     uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
-    if (!idle_in(w, state)) continue;
+    if (!idle_in(w, state) || (w & flags) != flags) continue;
     c[*n] = (candidate_t){atomic_load_explicit(&s->last_use, memory_order_relaxed), i,
                           spw__w_gen(w)};
     (*n)++;
@@ -70,16 +71,19 @@ static size_t claim_named(spw_runtime_t *rt, uint64_t bytes, spw_victim_t *v, ui
   return n;
 }
 
-uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason, int *why) {
+/* The victims of spw__spill_lru or spw__spill_clean: the controller's first unless
+ * `clean_only`, then the least recently used. */
+static uint64_t spill_some(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason,
+                           int clean_only, int *why) {
   if (why) *why = SPW_OK;
   uint32_t nslots = atomic_load(&rt->handles.nslots);
   spw_victim_t *v = malloc(((size_t)nslots + 64) * sizeof *v);
   if (!v) return 0;
   uint64_t claimed = 0;
-  size_t nv = claim_named(rt, bytes, v, &claimed);
+  size_t nv = clean_only ? 0 : claim_named(rt, bytes, v, &claimed);
   if (claimed < bytes) {
     size_t nc = 0;
-    candidate_t *c = scan(rt, SPW_STATE_RESIDENT, &nc);
+    candidate_t *c = scan(rt, SPW_STATE_RESIDENT, clean_only ? SPW_W_CLEAN : 0, &nc);
     for (size_t i = 0; c && i < nc && claimed < bytes; i++) {
       spw_slot_t *s = spw__handles_slot_at(&rt->handles, c[i].index);
       spw_buf_t h = spw__handle_make(&rt->handles, c[i].gen, c[i].index);
@@ -106,9 +110,17 @@ uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t re
   return moved;
 }
 
+uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason, int *why) {
+  return spill_some(rt, bytes, reason, 0, why);
+}
+
+uint64_t spw__spill_clean(spw_runtime_t *rt, uint64_t bytes) {
+  return spill_some(rt, bytes, SPW_SPILL_ON_DEMAND, 1, NULL);
+}
+
 uint64_t spw__demote_lru(spw_runtime_t *rt, uint64_t bytes) {
   size_t nc = 0;
-  candidate_t *c = scan(rt, SPW_STATE_HOST, &nc);
+  candidate_t *c = scan(rt, SPW_STATE_HOST, 0, &nc);
   uint64_t freed = 0;
   for (size_t i = 0; c && i < nc && freed < bytes; i++) {
     spw_slot_t *s = spw__handles_slot_at(&rt->handles, c[i].index);
