@@ -47,30 +47,11 @@ static const char *opt_value(int argc, char **argv, const char *name) {
   return v && *v ? v : NULL;
 }
 
+/* Sizes as the runtime reads its own (spw_parse_size), more than zero. */
 static int parse_size(const char *s, uint64_t *out) {
-  char *end = NULL;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (end == s || errno != 0 || !(v > 0)) return SPW_ERR_INVALID_ARG;
-  while (*end == ' ') end++;
-  double mult = 1;
-  switch (toupper((unsigned char)*end)) {
-  case 'K': mult = 1024.0; end++; break;
-  case 'M': mult = 1024.0 * 1024; end++; break;
-  case 'G': mult = 1024.0 * 1024 * 1024; end++; break;
-  case 'T': mult = 1024.0 * 1024 * 1024 * 1024; end++; break;
-  default: break;
-  }
-  if (mult > 1) {
-    if (*end == 'i' || *end == 'I') end++;
-    if (*end == 'b' || *end == 'B') end++;
-  } else if (*end == 'b' || *end == 'B') {
-    end++;
-  }
-  if (*end != '\0') return SPW_ERR_INVALID_ARG;
-  double bytes = v * mult;
-  if (bytes < 1 || bytes > 1.8e19 || bytes != floor(bytes)) return SPW_ERR_INVALID_ARG;
-  *out = (uint64_t)bytes;
+  uint64_t v;
+  if (spw_parse_size(s, &v) != SPW_OK || v == 0) return SPW_ERR_INVALID_ARG;
+  *out = v;
   return SPW_OK;
 }
 

@@ -113,21 +113,10 @@ static int fail_spw(work_t *w, const char *what, int st) {
 
 /* "256MiB", "4G", "1.5GiB", "1048576": binary multiples, as the runtime's own settings. */
 static int parse_size(const char *s, uint64_t *out) {
-  char *end;
-  double v = strtod(s, &end);
-  if (end == s || !(v > 0)) return -1;
-  static const struct { const char *sfx; uint64_t mul; } units[] = {
-      {"", 1}, {"b", 1}, {"k", 1ull << 10}, {"kib", 1ull << 10}, {"m", 1ull << 20},
-      {"mib", 1ull << 20}, {"g", 1ull << 30}, {"gib", 1ull << 30}, {"t", 1ull << 40},
-      {"tib", 1ull << 40}};
-  for (size_t i = 0; i < sizeof units / sizeof units[0]; i++) {
-    if (strcasecmp(end, units[i].sfx) != 0) continue;
-    double b = v * (double)units[i].mul;
-    if (b < 1 || b > (double)SPW_MAX_BUFFER_BYTES * 1024) return -1;
-    *out = (uint64_t)b;
-    return 0;
-  }
-  return -1;
+  uint64_t v;
+  if (spw_parse_size(s, &v) != SPW_OK || v == 0) return -1;
+  *out = v;
+  return 0;
 }
 
 static int parse_uint(const char *s, unsigned lo, unsigned hi, unsigned *out) {

@@ -9,7 +9,7 @@
  *
  * Contract:
  *  - offsets, lengths and buffer addresses are multiples of the file's direct-I/O
- *    alignment (spw__io_alignment); the callers pad;
+ *    alignment (spw__spill_file_alignment); the callers pad;
  *  - submit_* queue a request and return at once (or block while the queue is full);
  *    reap returns completions in any order; a request is complete only when all of its
  *    bytes moved: short transfers are resubmitted internally for the rest, and a transfer

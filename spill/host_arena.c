@@ -26,6 +26,8 @@
  */
 #include "host_arena.h"
 
+#include "grow.h"
+
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -120,12 +122,9 @@ static long find_fit(const slab_t *s, size_t need) {
 
 /* Makes room for extents + 2 ranges, so the invariant holds after one more extent. */
 static int reserve_ranges(slab_t *s) {
-  if (s->cap >= s->extents + 2) return SPW_OK;
-  size_t cap = s->cap * 2;
-  free_range_t *f = realloc(s->free, cap * sizeof *f);
+  free_range_t *f = spw__grow(s->free, &s->cap, s->extents + 2, sizeof *f, INITIAL_RANGES);
   if (!f) return SPW_ERR_SYSTEM;
   s->free = f;
-  s->cap = cap;
   return SPW_OK;
 }
 
@@ -192,12 +191,12 @@ static int add_slab(spw_host_arena_t *a, size_t need, uint32_t *slot) {
   while (i < a->nslots && a->slots[i]) i++;
   if (i == a->nslots) {
     if (a->nslots >= UINT32_MAX / 2) return SPW_ERR_SYSTEM;
-    uint32_t n = a->nslots ? a->nslots * 2 : 8;
-    slab_t **t = realloc(a->slots, n * sizeof *t);
+    size_t n = a->nslots;
+    slab_t **t = spw__grow(a->slots, &n, (size_t)a->nslots + 1, sizeof *t, 8);
     if (!t) return SPW_ERR_SYSTEM;
     memset(t + a->nslots, 0, (n - a->nslots) * sizeof *t);
     a->slots = t;
-    a->nslots = n;
+    a->nslots = (uint32_t)n;
   }
   slab_t *s = calloc(1, sizeof *s);
   free_range_t *f = malloc(INITIAL_RANGES * sizeof *f);

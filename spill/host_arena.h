@@ -5,7 +5,7 @@
  * then pinned through the backend's host_register (registering touched memory runs at about
  * 26 GB/s on an H200, cudaMallocHost at 1.5 GB/s). Anonymous mmap rather than cudaHostAlloc
  * so that the disk tier can use the same memory for O_DIRECT I/O. Slabs are grown on demand
- * up to the host byte limit and unmapped when they become empty.
+ * up to the host byte limit; emptied slabs are unmapped, except the two kept for reuse.
  *
  * Invariants: every extent is 4096-byte aligned and its length rounded up to 4096 (so it can
  * be written to an O_DIRECT file as is); extents never cross slabs; in_use <= mapped <= limit

@@ -19,6 +19,8 @@
  */
 #include "spill_file.h"
 
+#include "grow.h"
+
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -292,12 +294,9 @@ static size_t free_lower_bound(const spw_spill_file_t *f, uint64_t off) {
 
 /* Space for one more entry, so that a later insert cannot fail half way. */
 static int free_reserve(spw_spill_file_t *f) {
-  if (f->n_free < f->cap_free) return SPW_OK;
-  size_t cap = f->cap_free ? f->cap_free * 2 : 16;
-  spw_disk_extent_t *p = realloc(f->free_ext, cap * sizeof *p);
+  spw_disk_extent_t *p = spw__grow(f->free_ext, &f->cap_free, f->n_free + 1, sizeof *p, 16);
   if (!p) return SPW_ERR_SYSTEM;
   f->free_ext = p;
-  f->cap_free = cap;
   return SPW_OK;
 }
 

@@ -251,10 +251,8 @@ static void four_threads_under_pressure_keep_contents(void) {
   }
   for (int t = 0; t < DT_THREADS; t++) ASSERT_EQ(pthread_create(&w[t].thread, NULL, dt_main, &w[t]), 0);
   for (int t = 0; t < DT_THREADS; t++) ASSERT_EQ(pthread_join(w[t].thread, NULL), 0);
-  /* A background spill may find the host tier momentarily full (its room still on the way
-   * to disk); that is reported, and the buffer stays where it was. */
-  const int idle = spw_wait_idle(rt);
-  ASSERT_TRUE(idle == SPW_OK || idle == SPW_ERR_HOST_OUT_OF_MEMORY);
+  /* The disk has room: a spill that finds the host tier full goes to disk, never fails. */
+  ASSERT_OK(spw_wait_idle(rt));
   for (int t = 0; t < DT_THREADS; t++)
     for (int i = 0; i < DT_PER_THREAD; i++)
       expect_contents(rt, w[t].b[i], w[t].s, w[t].n[i], w[t].version[i]);
@@ -270,8 +268,7 @@ static void four_threads_under_pressure_keep_contents(void) {
     free(w[t].src);
   }
   /* A buffer freed in the middle of a background move is finished by that move. */
-  const int after_free = spw_wait_idle(rt);
-  ASSERT_TRUE(after_free == SPW_OK || after_free == SPW_ERR_HOST_OUT_OF_MEMORY);
+  ASSERT_OK(spw_wait_idle(rt));
   const spw_stats_t end = stats_of(rt);
   ASSERT_UEQ(end.disk_bytes, 0);
   ASSERT_UEQ(end.host_bytes, 0);

@@ -28,6 +28,7 @@
 
 #include "backend.h"
 #include "copy_kernels.h"
+#include "grow.h"
 
 typedef struct spw_cuda_backend {
   spw_error_sink_fn on_error; /* may be NULL */
@@ -208,17 +209,13 @@ static int cuda_stream_create(spw_backend_t *b, spw_stream_t *out) {
   s = check(cb, cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking));
   if (s != SPW_OK) return s;
   pthread_mutex_lock(&cb->streams_mu);
-  if (cb->nstreams == cb->cap) {
-    size_t cap = cb->cap ? 2 * cb->cap : 8;
-    cudaStream_t *grown = realloc(cb->streams, cap * sizeof *grown);
-    if (!grown) {
-      pthread_mutex_unlock(&cb->streams_mu);
-      (void)cudaStreamDestroy(st);
-      return SPW_ERR_SYSTEM;
-    }
-    cb->streams = grown;
-    cb->cap = cap;
+  cudaStream_t *grown = spw__grow(cb->streams, &cb->cap, cb->nstreams + 1, sizeof *grown, 8);
+  if (!grown) {
+    pthread_mutex_unlock(&cb->streams_mu);
+    (void)cudaStreamDestroy(st);
+    return SPW_ERR_SYSTEM;
   }
+  cb->streams = grown;
   cb->streams[cb->nstreams++] = st;
   pthread_mutex_unlock(&cb->streams_mu);
   *out = st;
