@@ -27,6 +27,7 @@ spw_behaviour_test(test_spill_faults SEAM)
 spw_behaviour_test(test_disk_tier SEAM DISK)
 spw_behaviour_test(test_abandon SEAM)
 spw_behaviour_test(test_budget SEAM)
+spw_behaviour_test(test_fault_sweep SEAM DISK TIMEOUT 900)
 
 # The demo end to end (main phase + disk phase, every buffer verified): host backend
 # everywhere, CUDA backend where there is a GPU (exits 77 = skipped without one).

@@ -13,7 +13,7 @@ int spw_runtime_create(const spw_config_t *config, spw_runtime_t **out) {
     if (st == SPW_ERR_CONFIG) spw__log(&lg, SPW_LOG_ERROR, "%s", err);
     return st;
   }
-  return spw__runtime_open(&settings, out);
+  return spw__runtime_open(&settings, NULL, NULL, out);
 }
 
 static int any_locked(spw_runtime_t *rt) {

@@ -184,9 +184,9 @@ typedef struct unlock_job {
 
 static void unlock_job_run(void *arg, int status) {
   unlock_job_t *j = arg;
-  /* A failed stream still releases: the locks must not leak, and the stream's error
-   * reaches the application through its own synchronize. */
-  (void)status;
+  /* A failed stream still releases (the locks must not leak); its error also reaches the
+   * application through its own synchronize. */
+  if (status != SPW_OK) spw__set_async_error(j->rt, status);
   spw__unlock_list(j->rt, j->list, j->n);
   free(j);
 }

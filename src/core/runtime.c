@@ -99,7 +99,8 @@ static void close_parts(spw_runtime_t *rt) {
   spw__streams_destroy(&rt->streams);
 }
 
-int spw__runtime_open(const spw_settings_t *settings, spw_runtime_t **out) {
+int spw__runtime_open(const spw_settings_t *settings, void (*armed)(spw_backend_t *shim, void *arg),
+                      void *arg, spw_runtime_t **out) {
   spw_runtime_t *rt = calloc(1, sizeof *rt);
   if (!rt) return SPW_ERR_SYSTEM;
   rt->settings = *settings;
@@ -119,6 +120,7 @@ int spw__runtime_open(const spw_settings_t *settings, spw_runtime_t **out) {
   uint16_t tag = (uint16_t)(mix ^ (mix >> 16) ^ (mix >> 32) ^ (mix >> 48));
   int st = spw__handles_init(&rt->handles, tag);
   if (st == SPW_OK) st = open_backend(rt);
+  if (st == SPW_OK && armed) armed(rt->be, arg);
   if (st == SPW_OK) {
     spw__event_pool_init(&rt->events, rt->ops, rt->be);
     rt->null_bstream = rt->ops->default_stream(rt->be);
@@ -196,10 +198,14 @@ spw_disk_t *spw__disk(spw_runtime_t *rt, int *status) {
                            .on_error = spw__error_sink,
                            .ctx = rt};
     st = spw__disk_create(&p, &rt->disk);
-    if (st != SPW_OK) {
-      rt->disk_status = st;
-      spw__log(&rt->log, SPW_LOG_WARN, "disk tier unavailable (%s): spilling stops at host memory",
-               spw_err_name(st));
+    /* A directory that is not there or an I/O path the kernel refuses stays so: remembered,
+     * and not tried again. Anything else (a failed registration, memory) may pass: the
+     * next need tries again. */
+    if (st == SPW_ERR_CONFIG || st == SPW_ERR_UNSUPPORTED) rt->disk_status = st;
+    if (st != SPW_OK && st != rt->disk_logged) {
+      rt->disk_logged = st;
+      spw__log(&rt->log, SPW_LOG_WARN, "disk tier unavailable (%s)%s", spw_err_name(st),
+               rt->disk_status ? ": spilling stops at host memory" : "; will try again");
     }
   }
   spw_disk_t *d = rt->disk;

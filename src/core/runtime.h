@@ -70,7 +70,8 @@ struct spw_runtime {
   spw_host_arena_t *arena;
   pthread_mutex_t disk_mu;
   spw_disk_t *disk;
-  int disk_status; /* why opening the disk tier failed, once it has (then not retried) */
+  int disk_status; /* why the disk tier cannot be opened, for good (then not retried) */
+  int disk_logged; /* the last failure to open it that was logged (once per reason) */
 
   spw_dpool_t *dpool;
   spw_engine_t *engine;
@@ -124,7 +125,8 @@ static inline spw_stream_t spw__h2d(spw_runtime_t *rt) {
 
 /* ---- the disk tier (runtime.c) ---- */
 /* The disk tier, opened now if it is not yet; NULL with *status the reason it cannot be
- * used (remembered: later calls fail fast with the same status). */
+ * used. A lasting reason (no such directory, io_uring refused under SPW_IO_URING) is
+ * remembered and later calls fail fast with it; a passing one is tried again next time. */
 spw_disk_t *spw__disk(spw_runtime_t *rt, int *status);
 
 /* ---- test seams (runtime.c) ---- */
@@ -135,8 +137,11 @@ void spw__inject_fault(spw_runtime_t *rt, spw_fault_t f, uint32_t count);
 void spw__inject_disk_fault(spw_runtime_t *rt, int status, unsigned count);
 
 /* ---- lifecycle (runtime.c) ---- */
-/* Builds a runtime from resolved settings. */
-int spw__runtime_open(const spw_settings_t *settings, spw_runtime_t **out);
+/* Builds a runtime from resolved settings. `armed` (tests; may be NULL) is called with the
+ * fault shim as soon as it wraps the backend, before anything else is created, so that
+ * creation itself can be made to fail at any backend call. */
+int spw__runtime_open(const spw_settings_t *settings, void (*armed)(spw_backend_t *shim, void *arg),
+                      void *arg, spw_runtime_t **out);
 /* Frees every buffer and everything the runtime owns; no lock may be held, no call may run. */
 void spw__runtime_close(spw_runtime_t *rt);
 
