@@ -33,6 +33,14 @@ def _gpu_available() -> bool:
 
 
 HAVE_GPU = _gpu_available()
+GPU_LIMIT = spillway.parse_size(os.environ["SPILLWAY_GPU_TEST_LIMIT"])
+
+if HAVE_GPU:
+    import spillway.numba
+
+    # The shared runtime of the plugin and of deferrable arrays: a small budget, so that a
+    # few hundred MiB oversubscribe it.
+    spillway.numba.configure(device_limit=GPU_LIMIT)
 
 
 def pytest_configure(config):

@@ -124,6 +124,9 @@ def test_read_only_argument_is_acquired_for_reading(rt, stream):
     a.spill()
     rt.wait_idle()
     assert rt.stats().clean_respills == 1
+    (view,), retr2 = launch_args([sn.read_only(a)], stream)
+    assert view.__cuda_array_interface__["data"][1] is True
+    retr2[0]()
     assert not sn.read_only(a)._numba_type_.mutable
     assert a._numba_type_.mutable
 

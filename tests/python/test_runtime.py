@@ -1,5 +1,7 @@
 # SPDX-License-Identifier: Apache-2.0
 """Runtime: configuration, limits, lifetime."""
+import weakref
+
 import pytest
 
 import spillway
@@ -98,3 +100,12 @@ def test_two_runtimes_are_independent():
         assert a.stats().buffers == 1 and b.stats().buffers == 0
         with pytest.raises(ValueError, match="another runtime"):
             b.acquire_n([x])
+
+
+def test_a_dropped_runtime_is_destroyed_at_once():
+    r = spillway.Runtime(backend="host", device_limit=16 * MiB, ignore_env=True)
+    r.stream()
+    r.alloc(4096)
+    w = weakref.ref(r)
+    del r
+    assert w() is None  # no reference cycle keeps it for the cyclic collector

@@ -188,8 +188,11 @@ class Runtime(_c.RuntimeBase):
                  low_watermark: Optional[float] = None, log_level: Optional[str] = None,
                  host_device_bytes: Union[int, str, None] = None,
                  ignore_env: bool = False) -> None:
+        # Handles of the streams this runtime created and not yet destroyed (ints, not the
+        # Stream objects: a Stream refers to its runtime, and a cycle would keep a dropped
+        # runtime alive until the cyclic collector runs).
         self._streams_lock = threading.Lock()
-        self._streams: dict = {}
+        self._streams: set = set()
         super().__init__(int(device or 0), _keyword(_BACKENDS, "backend", backend),
                          parse_size(device_limit), parse_size(host_limit),
                          parse_size(disk_limit), None if spill_dir is None else str(spill_dir),
@@ -221,12 +224,15 @@ class Runtime(_c.RuntimeBase):
         runtime)."""
         s = Stream(self, self._create_stream())
         with self._streams_lock:
-            self._streams[s._handle] = s
+            self._streams.add(s._handle)
         return s
 
     def _forget_stream(self, s: Stream) -> bool:
         with self._streams_lock:
-            return self._streams.pop(s._handle, None) is s
+            if s._handle not in self._streams:
+                return False
+            self._streams.discard(s._handle)
+            return True
 
     # -- buffers ---------------------------------------------------------------------
     # alloc(nbytes, stream=None) -> Buffer, acquire_n, release_n_async, synchronize,
@@ -269,9 +275,9 @@ class Runtime(_c.RuntimeBase):
         if self.closed:
             return
         with self._streams_lock:
-            streams, self._streams = list(self._streams.values()), {}
-        for s in streams:
-            self._destroy_stream(s._handle)
+            streams, self._streams = list(self._streams), set()
+        for h in streams:
+            self._destroy_stream(h)
         self.synchronize(None)
         super().close()
 

@@ -106,7 +106,8 @@ static PyType_Spec locks_spec = {
 typedef struct spwpy_launch_view {
   PyObject_HEAD
   PyObject *ptr, *shape, *dtype, *size, *layout, *strides;
-  PyObject *keep; /* the array the view was made from */
+  PyObject *keep; /* the buffer the view was made from */
+  int readonly;
 } spwpy_launch_view_t;
 
 #define LV(self) ((spwpy_launch_view_t *)(self))
@@ -147,7 +148,7 @@ static PyObject *view_get_cai(PyObject *self, void *c) {
   spwpy_launch_view_t *v = LV(self);
   PyObject *typestr = PyObject_GetAttrString(v->dtype, "str");
   if (!typestr) return NULL;
-  PyObject *data = Py_BuildValue("(OO)", v->ptr, Py_False);
+  PyObject *data = Py_BuildValue("(OO)", v->ptr, v->readonly ? Py_True : Py_False);
   PyObject *d = data ? Py_BuildValue("{s:O,s:O,s:O,s:O,s:i,s:O}", "shape", v->shape, "typestr",
                                      typestr, "data", data, "strides", v->strides, "version", 3,
                                      "stream", Py_None)
@@ -316,6 +317,7 @@ static PyObject *ext_prepare_args(PyObject *self, PyObject *const *args, Py_ssiz
   spwpy_launch_view_t *v = PyObject_New(spwpy_launch_view_t, spwpy_launch_view_type);
   if (!v) goto out;
   v->ptr = PyLong_FromVoidPtr(p);
+  v->readonly = read;
   v->shape = PyTuple_GetItem(meta, 1);
   v->dtype = PyTuple_GetItem(meta, 2);
   v->size = PyTuple_GetItem(meta, 3);
