@@ -12,6 +12,8 @@
 #
 # Every phase after `install` expects it to have run on the same machine (a fresh machine
 # needs `install` again). Results go to $OUT; the last lines printed are the summary.
+# SPW_SUITE_JOBS (xdist workers, 12), SPW_SUITE_LIMIT (each worker's device budget, 6GiB)
+# and SPW_SUITE_PKGS (the test packages) tune the suite phases.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 out=${OUT:-gpu-out-py}
@@ -20,6 +22,7 @@ out=$(cd "$out" && pwd)
 site=/tmp/site
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 jobs=${SPW_SUITE_JOBS:-12}
+pkgs=${SPW_SUITE_PKGS:-numba.cuda.tests.cudadrv numba.cuda.tests.cudapy}
 phase=${1:-}
 
 suite() { # $1: label, $2: NUMBA_CUDA_MEMORY_MANAGER value
@@ -27,9 +30,11 @@ suite() { # $1: label, $2: NUMBA_CUDA_MEMORY_MANAGER value
   mkdir -p "$dir"
   # Each xdist worker is a process with its own runtime: cap its budget so that the
   # workers together fit on one GPU.
+  # SIGINT at the time limit: pytest stops and still writes the junit XML of what ran.
+  # shellcheck disable=SC2086
   (cd "$dir" && NUMBA_CUDA_MEMORY_MANAGER=$2 SPILLWAY_DEVICE_LIMIT=${SPW_SUITE_LIMIT:-6GiB} \
-    timeout 580 python3 -m pytest -n "$jobs" --dist loadscope --timeout 240 -q -p no:cacheprovider \
-    --junitxml="$out/suite-$1.xml" --pyargs numba.cuda.tests.cudadrv numba.cuda.tests.cudapy \
+    timeout -s INT -k 30 560 python3 -m pytest -n "$jobs" --dist loadscope --timeout 240 -q \
+    -p no:cacheprovider --junitxml="$out/suite-$1.xml" --pyargs $pkgs \
     >"$out/suite-$1.log" 2>&1)
   echo "suite $1 rc=$?: $(tail -1 "$out/suite-$1.log")"
 }
@@ -71,7 +76,7 @@ bench)
   echo "== stream rc=$?"; tail -7 "$out/bench_stream.txt"
   ;;
 *)
-  sed -n 2,14p "$0"
+  sed -n 2,18p "$0"
   exit 2
   ;;
 esac
