@@ -77,8 +77,10 @@ class DeferrableArray:
     goes.
     """
 
+    # _numba_type_ is a slot filled on first use (by __getattr__): numba's dispatcher reads
+    # it for every argument of every launch, and a slot is the cheapest attribute there is.
     __slots__ = ("_buffer", "shape", "dtype", "strides", "order", "_launch", "_readonly",
-                 "__weakref__")
+                 "_numba_type_", "__weakref__")
 
     def __init__(self, runtime: Runtime, shape: Union[int, Sequence[int]], dtype=np.float64,
                  order: str = "C", stream: StreamLike = None) -> None:
@@ -149,10 +151,12 @@ class DeferrableArray:
     def lock_count(self) -> int:
         return self._buffer.lock_count
 
-    @property
-    def _numba_type_(self):
-        layout = "C" if self.order == "C" else "F"
-        return _numba_array_type(self.dtype, self.ndim, layout, False)
+    def __getattr__(self, name: str):
+        if name == "_numba_type_":  # first use: numba is imported only now
+            t = _numba_array_type(self.dtype, self.ndim, self.order, False)
+            self._numba_type_ = t
+            return t
+        raise AttributeError(name)
 
     @property
     def read_only(self) -> "ReadOnly":
@@ -252,16 +256,19 @@ class DeferrableArray:
 class ReadOnly:
     """A deferrable array passed to a kernel for reading only (``arr.read_only``)."""
 
-    __slots__ = ("array", "_launch")
+    __slots__ = ("array", "_launch", "_numba_type_")
 
     def __init__(self, array: DeferrableArray) -> None:
         self.array = array
         self._launch = array._launch
 
-    @property
-    def _numba_type_(self):
-        a = self.array
-        return _numba_array_type(a.dtype, a.ndim, "C" if a.order == "C" else "F", True)
+    def __getattr__(self, name: str):
+        if name == "_numba_type_":
+            a = self.array
+            t = _numba_array_type(a.dtype, a.ndim, a.order, True)
+            self._numba_type_ = t
+            return t
+        raise AttributeError(name)
 
     def __repr__(self) -> str:
         return f"<read-only {self.array!r}>"

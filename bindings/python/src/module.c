@@ -59,6 +59,13 @@ int spwpy_stream_from(PyObject *obj, spw_stream_t *out) {
     return 0;
   }
   if (PyLong_Check(obj)) return stream_from_int(obj, out);
+  if (PyIndex_Check(obj)) { /* spillway.Stream, NumPy integers */
+    PyObject *n = PyNumber_Index(obj);
+    if (!n) return -1;
+    int rc = stream_from_int(n, out);
+    Py_DECREF(n);
+    return rc;
+  }
   /* The CUDA stream protocol: __cuda_stream__() -> (version, handle). */
   PyObject *f = PyObject_GetAttrString(obj, "__cuda_stream__");
   if (f) {
