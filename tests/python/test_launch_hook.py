@@ -162,3 +162,24 @@ def test_jit_adds_the_extension_once():
     d = sn.jit(k, extensions=[sn.extension])
     assert d.targetoptions["extensions"].count(sn.extension) == 1
     assert isinstance(cuda.jit(k), type(d))
+
+
+def test_an_array_freed_after_its_launch_keeps_its_memory_until_the_release(rt, stream):
+    a = spillway.DeferrableArray(rt, MiB, np.uint8)
+    _, retr = launch_args([a], stream)
+    a.free()
+    assert rt.stats().buffers == 1  # the launch still holds it
+    retr[0]()
+    rt.wait_idle()
+    assert rt.stats().buffers == 0
+
+
+def test_an_array_dropped_after_its_launch_is_freed_with_the_release(rt, stream):
+    a = spillway.DeferrableArray(rt, MiB, np.uint8)
+    views, retr = launch_args([a], stream)
+    del a, views  # numba drops the launch's views once the kernel is queued
+    gc.collect()
+    assert rt.stats().buffers == 1
+    del retr
+    rt.wait_idle()
+    assert rt.stats().buffers == 0
