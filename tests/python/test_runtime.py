@@ -88,8 +88,8 @@ def test_context_manager_closes(rt):
 
 
 def test_summary_and_repr_describe_the_runtime(rt):
-    b = rt.alloc(1 << 20)  # noqa: F841 (kept alive)
-    assert "1 buffers" in rt.summary()
+    b = rt.alloc(1 << 20)
+    assert "1 buffers" in rt.summary() and not b.closed
     assert "host" in repr(rt)
 
 

@@ -1,7 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Explicit spill and prefetch (single and batched), wait_idle, statistics, the disk tier."""
 import numpy as np
-import pytest
 
 import spillway
 
@@ -58,10 +57,10 @@ def test_allocation_over_the_budget_spills_unlocked_buffers(rt):
 
 
 def test_stats_is_a_typed_snapshot(rt):
-    b = rt.alloc(MiB)  # noqa: F841 (kept alive)
+    b = rt.alloc(MiB)
     s = rt.stats()
     assert isinstance(s, spillway.Stats)
-    assert s.buffers == 1 and s.device_bytes == MiB and s.device_limit == 64 * MiB
+    assert b.size == MiB and s.buffers == 1 and s.device_bytes == MiB and s.device_limit == 64 * MiB
 
 
 def test_async_error_is_none_when_nothing_failed(rt):

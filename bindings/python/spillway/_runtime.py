@@ -11,7 +11,7 @@ import dataclasses
 import enum
 import re
 import threading
-from typing import Iterable, Optional, Sequence, Union
+from typing import Iterable, Optional, Union
 
 from . import _spillway as _c
 from ._errors import error_class
