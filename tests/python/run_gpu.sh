@@ -46,7 +46,8 @@ install)
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
       .whl/*.whl >"$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
   fi
-  python3 -m pip install -q --no-build-isolation --no-deps -v . >>"$out/install.log" 2>&1 ||
+  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+    python3 -m pip install -q --no-build-isolation --no-deps -v . >>"$out/install.log" 2>&1 ||
     { tail -40 "$out/install.log"; exit 1; }
   python3 -c "import spillway, spillway.numba; print('spillway', spillway.__version__, 'installed')"
   ;;
