@@ -30,12 +30,16 @@ suite() { # $1: label, $2: NUMBA_CUDA_MEMORY_MANAGER value
   mkdir -p "$dir"
   # Each xdist worker is a process with its own runtime: cap its budget so that the
   # workers together fit on one GPU.
-  # SIGINT at the time limit: pytest stops and still writes the junit XML of what ran.
+  # The installed numba-cuda (numba_cuda/numba/cuda/tests) is collected with importlib
+  # imports, rooted at numba_cuda/ so that test ids name their modules. SIGINT at the time
+  # limit: pytest stops and still writes the junit XML of what ran.
+  local root
+  root=$(python3 -c 'import numba.cuda as c, os; print(os.path.dirname(os.path.dirname(os.path.dirname(c.__file__))))')
   # shellcheck disable=SC2086
   (cd "$dir" && NUMBA_CUDA_MEMORY_MANAGER=$2 SPILLWAY_DEVICE_LIMIT=${SPW_SUITE_LIMIT:-6GiB} \
     timeout -s INT -k 30 560 python3 -m pytest -n "$jobs" --dist loadscope --timeout 240 -q \
-    -p no:cacheprovider --junitxml="$out/suite-$1.xml" --pyargs $pkgs \
-    >"$out/suite-$1.log" 2>&1)
+    -p no:cacheprovider --import-mode=importlib --rootdir "$root" \
+    --junitxml="$out/suite-$1.xml" --pyargs $pkgs >"$out/suite-$1.log" 2>&1)
   echo "suite $1 rc=$?: $(tail -1 "$out/suite-$1.log")"
 }
 
