@@ -22,3 +22,4 @@ for san in address,undefined thread; do
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir "$dir" -L cpu --output-on-failure -j"$jobs"
 done
+./scripts/test_python.sh

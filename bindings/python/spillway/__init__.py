@@ -1,0 +1,38 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Spillway: deferrable device memory for CUDA programs (RMMEP-1), from Python.
+
+Buffers are named by handles; code retrieves-and-locks a buffer on a stream before using
+its device pointer, and unlocked buffers may be spilled to pinned host memory or disk and
+brought back on the next lock. See docs/python.md.
+
+    import spillway
+    with spillway.Runtime(device_limit="4GiB") as rt:
+        buf = rt.alloc(1 << 20)
+        with buf.lock(stream=None) as ptr:   # resident and locked on the default stream
+            ...                               # enqueue work that uses ptr
+        rt.synchronize()
+
+``spillway.numba`` is the Numba EMM plugin and the deferrable arrays for Numba kernels.
+"""
+from __future__ import annotations
+
+import atexit as _atexit
+
+from . import _spillway
+from ._errors import *  # noqa: F401,F403
+from ._errors import __all__ as _errors_all
+from ._runtime import Backend, Buffer, Runtime, State, Stats, Stream, StreamLike, Tier, parse_size
+from .array import DeferrableArray, DeviceView, ReadOnly
+
+__version__ = "%d.%d.%d" % (_spillway.VERSION_MAJOR, _spillway.VERSION_MINOR,
+                            _spillway.VERSION_PATCH)
+Lock = _spillway.Lock
+stream_handle = _spillway.stream_handle
+
+__all__ = ["Runtime", "Buffer", "Lock", "Stream", "Stats", "State", "Tier", "Backend",
+           "DeferrableArray", "DeviceView", "ReadOnly", "StreamLike", "parse_size",
+           "stream_handle", "__version__", *_errors_all]
+
+# From interpreter exit on, deallocators never wait on Spillway (no thread joins, no
+# synchronization) and runtimes still alive are left to the OS.
+_atexit.register(_spillway._set_finalizing)

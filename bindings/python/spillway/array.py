@@ -1,0 +1,295 @@
+# SPDX-License-Identifier: Apache-2.0
+"""DeferrableArray: an n-dimensional array (shape, dtype, strides) over one Spillway buffer.
+
+The array is spillable whenever no one holds a lock on it. It never exposes a device
+pointer outside a lock: kernels get it through the Numba launch extension
+(``spillway.numba``), other code through :meth:`DeferrableArray.lend_pointer` (a view with
+``__cuda_array_interface__`` that is valid until the ``with`` block exits). This module does
+not need Numba, so everything but kernel launches works on the host backend.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Iterator, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from . import _spillway as _c
+from ._runtime import Buffer, Runtime, State, StreamLike, Tier
+
+__all__ = ["DeferrableArray", "ReadOnly", "DeviceView"]
+
+
+class _Layout:
+    """Strides and contiguity, in the shape numba-cuda's launch path reads them."""
+
+    __slots__ = ("strides_in_bytes", "is_contiguous_c", "is_contiguous_f",
+                 "is_contiguous_any")
+
+    def __init__(self, strides: Tuple[int, ...], c: bool, f: bool) -> None:
+        self.strides_in_bytes = strides
+        self.is_contiguous_c = c
+        self.is_contiguous_f = f
+        self.is_contiguous_any = c or f
+
+
+def _normalize_shape(shape: Union[int, Sequence[int]]) -> Tuple[int, ...]:
+    if isinstance(shape, (int, np.integer)):
+        shape = (int(shape),)
+    shape = tuple(int(n) for n in shape)
+    if any(n < 0 for n in shape):
+        raise ValueError(f"negative dimension in shape {shape}")
+    return shape
+
+
+def _strides_for(shape: Tuple[int, ...], itemsize: int, order: str) -> Tuple[int, ...]:
+    strides = [0] * len(shape)
+    step = itemsize
+    dims = range(len(shape) - 1, -1, -1) if order == "C" else range(len(shape))
+    for i in dims:
+        strides[i] = step
+        step *= max(shape[i], 1)
+    return tuple(strides)
+
+
+_numba_types: dict = {}
+
+
+def _numba_array_type(dtype: np.dtype, ndim: int, layout: str, readonly: bool):
+    key = (dtype, ndim, layout, readonly)
+    t = _numba_types.get(key)
+    if t is None:
+        from numba.cuda import types
+        from numba.cuda.np.numpy_support import from_dtype
+        t = types.Array(from_dtype(dtype), ndim, layout, readonly=readonly)
+        _numba_types[key] = t
+    return t
+
+
+class DeferrableArray:
+    """An array in a deferrable Spillway buffer (spilled to host or disk when unlocked).
+
+    ``DeferrableArray(runtime, shape, dtype, order="C", stream=None)`` allocates it
+    (contents undefined); :meth:`from_host` copies a NumPy array in. Attributes follow
+    NumPy / Numba device arrays: ``shape``, ``dtype``, ``strides``, ``ndim``, ``size``,
+    ``nbytes``, ``itemsize``. The buffer is freed by :meth:`free` (or ``with``), or when the
+    array is garbage-collected; a launch still using it keeps the memory until its lock
+    goes.
+    """
+
+    # _numba_type_ is a slot filled on first use (by __getattr__): numba's dispatcher reads
+    # it for every argument of every launch, and a slot is the cheapest attribute there is.
+    __slots__ = ("_buffer", "shape", "dtype", "strides", "order", "_launch", "_readonly",
+                 "_numba_type_", "__weakref__")
+
+    def __init__(self, runtime: Runtime, shape: Union[int, Sequence[int]], dtype=np.float64,
+                 order: str = "C", stream: StreamLike = None) -> None:
+        dtype = np.dtype(dtype)
+        if order not in ("C", "F"):
+            raise ValueError(f"order must be 'C' or 'F', not {order!r}")
+        shape = _normalize_shape(shape)
+        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        buf = runtime.alloc(max(nbytes, 1), stream)
+        self._setup(buf, shape, dtype, order)
+
+    def _setup(self, buf: Buffer, shape: Tuple[int, ...], dtype: np.dtype, order: str) -> None:
+        self._buffer = buf
+        self.shape = shape
+        self.dtype = dtype
+        self.order = order
+        self.strides = _strides_for(shape, dtype.itemsize, order)
+        c = order == "C" or len(shape) <= 1
+        f = order == "F" or len(shape) <= 1
+        size = int(np.prod(shape, dtype=np.int64))
+        # What the launch extension (C) reads for every launch, in one attribute.
+        self._launch = (buf, shape, dtype, size, _Layout(self.strides, c, f), self.strides, buf)
+        self._readonly = None
+
+    @classmethod
+    def from_host(cls, runtime: Runtime, ary, stream: StreamLike = None) -> "DeferrableArray":
+        """A new deferrable array holding a copy of `ary` (anything np.asarray accepts)."""
+        ary = np.asarray(ary)
+        order = "F" if ary.flags.f_contiguous and not ary.flags.c_contiguous else "C"
+        self = cls(runtime, ary.shape, ary.dtype, order=order, stream=stream)
+        self.copy_from_host(ary, stream)
+        return self
+
+    # -- metadata -------------------------------------------------------------------
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return self._launch[3]
+
+    @property
+    def itemsize(self) -> int:
+        return self.dtype.itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    @property
+    def buffer(self) -> Buffer:
+        return self._buffer
+
+    @property
+    def runtime(self) -> Runtime:
+        return self._buffer.runtime
+
+    @property
+    def state(self) -> State:
+        return State(self._buffer.state)
+
+    @property
+    def tier(self) -> Tier:
+        return Tier(self._buffer.tier)
+
+    @property
+    def lock_count(self) -> int:
+        return self._buffer.lock_count
+
+    def __getattr__(self, name: str):
+        if name == "_numba_type_":  # first use: numba is imported only now
+            t = _numba_array_type(self.dtype, self.ndim, self.order, False)
+            self._numba_type_ = t
+            return t
+        raise AttributeError(name)
+
+    @property
+    def read_only(self) -> "ReadOnly":
+        """This array marked read-only for kernel launches: it is acquired with
+        SPW_ACQUIRE_READ, so a clean host copy survives and re-spilling it moves no bytes;
+        the kernel sees a read-only array type (writes fail to compile)."""
+        if self._readonly is None:
+            self._readonly = ReadOnly(self)
+        return self._readonly
+
+    # -- data -----------------------------------------------------------------------
+    def copy_from_host(self, ary, stream: StreamLike = None) -> None:
+        """Copies a host array of the same shape in; returns once the copy is done."""
+        ary = np.asarray(ary, dtype=self.dtype)
+        if ary.shape != self.shape:
+            raise ValueError(f"shape {ary.shape} does not match {self.shape}")
+        ary = np.ascontiguousarray(ary) if self.order == "C" else np.asfortranarray(ary)
+        if self.nbytes == 0:
+            return
+        buf = self._buffer
+        ptr = buf.acquire(stream)
+        try:
+            buf.runtime.memcpy(ptr, ary.ctypes.data, self.nbytes, stream, True)
+        finally:
+            buf.release(stream)  # the copy has completed
+
+    def copy_to_host(self, ary: Optional[np.ndarray] = None,
+                     stream: StreamLike = None) -> np.ndarray:
+        """Copies the contents into `ary` (or a new array) and returns it once done. Reading
+        does not dirty the buffer: a clean host copy is kept if it came back from host."""
+        if ary is None:
+            ary = np.empty(self.shape, self.dtype, order=self.order)
+        elif (ary.shape != self.shape or ary.dtype != self.dtype or
+              not (ary.flags.c_contiguous if self.order == "C" else ary.flags.f_contiguous)):
+            raise ValueError("ary must match the array's shape, dtype and order")
+        if self.nbytes == 0:
+            return ary
+        buf = self._buffer
+        ptr = buf.acquire(stream, read=True)
+        try:
+            buf.runtime.memcpy(ary.ctypes.data, ptr, self.nbytes, stream, True)
+        finally:
+            buf.release(stream)
+        return ary
+
+    def spill(self, tier: Tier = Tier.HOST) -> None:
+        """Asks the engine to move the (unlocked) array down to `tier`; returns at once."""
+        self._buffer.spill(int(tier))
+
+    def prefetch(self, stream: StreamLike = None) -> None:
+        """Starts bringing the array back to the device without locking it."""
+        self._buffer.prefetch(stream)
+
+    @contextlib.contextmanager
+    def lend_pointer(self, stream: StreamLike = None, read: bool = False
+                     ) -> Iterator["DeviceView"]:
+        """Locks the array on `stream` for the ``with`` block and yields a DeviceView with
+        ``__cuda_array_interface__`` (for CuPy, PyTorch, ...). Work enqueued on `stream`
+        inside the block may use it; the lock is released once the stream passes the end
+        of the block. ``spillway.numba.lend`` yields a Numba device array instead."""
+        buf = self._buffer
+        ptr = buf.acquire(stream, read=read)
+        try:
+            yield DeviceView(self, ptr, stream, read)
+        finally:
+            buf.release_async(stream)
+
+    # -- lifetime -------------------------------------------------------------------
+    def free(self) -> None:
+        """Frees the buffer now (idempotent); work still holding a lock keeps the memory
+        until its lock goes."""
+        self._buffer.free()
+
+    close = free
+
+    @property
+    def closed(self) -> bool:
+        return self._buffer.closed
+
+    def __enter__(self) -> "DeferrableArray":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.free()
+
+    def __len__(self) -> int:
+        if not self.shape:
+            raise TypeError("len() of a 0-d array")
+        return self.shape[0]
+
+    def __repr__(self) -> str:
+        where = "freed" if self.closed else self.state.name.lower()
+        return (f"<spillway.DeferrableArray shape={self.shape} dtype={self.dtype} "
+                f"order={self.order} {where}>")
+
+
+class ReadOnly:
+    """A deferrable array passed to a kernel for reading only (``arr.read_only``)."""
+
+    __slots__ = ("array", "_launch", "_numba_type_")
+
+    def __init__(self, array: DeferrableArray) -> None:
+        self.array = array
+        self._launch = array._launch
+
+    def __getattr__(self, name: str):
+        if name == "_numba_type_":
+            a = self.array
+            t = _numba_array_type(a.dtype, a.ndim, a.order, True)
+            self._numba_type_ = t
+            return t
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        return f"<read-only {self.array!r}>"
+
+
+class DeviceView:
+    """A locked deferrable array, valid inside ``lend_pointer``'s block only."""
+
+    __slots__ = ("array", "ptr", "stream", "readonly")
+
+    def __init__(self, array: DeferrableArray, ptr: int, stream: StreamLike,
+                 readonly: bool) -> None:
+        self.array = array
+        self.ptr = ptr
+        self.stream = _c.stream_handle(stream)
+        self.readonly = readonly
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        a = self.array
+        # Version 3: the consumer orders its work after `stream`; 0 is not allowed there
+        # and the default stream is the legacy one (1).
+        return {"shape": a.shape, "typestr": a.dtype.str, "data": (self.ptr, self.readonly),
+                "strides": a.strides, "version": 3, "stream": self.stream or 1}

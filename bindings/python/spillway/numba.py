@@ -1,0 +1,286 @@
+# SPDX-License-Identifier: Apache-2.0
+"""spillway.numba: Spillway for Numba (numba-cuda).
+
+Two things live here:
+
+* The EMM plugin :class:`SpillwayNumbaManager` (``NUMBA_CUDA_MEMORY_MANAGER=spillway.numba``
+  or ``numba.cuda.set_memory_manager(SpillwayNumbaManager)``). Every Numba device
+  allocation becomes a Spillway buffer in the device's shared runtime, so Numba memory and
+  deferrable arrays share one budget: when a Numba allocation needs room, unlocked
+  deferrable arrays are spilled. Numba caches device pointers and gives the plugin no
+  stream, so its memory stays locked ("exposed") on a stream only this plugin uses until
+  Numba frees it; no release of any other stream can unlock it.
+* Deferrable arrays for kernels: :func:`device_array`, :func:`to_device`, the launch
+  extension (:data:`extension`, :func:`jit`) that acquires them on the launch stream, the
+  read-only marker, and :func:`lend`, which lends one as an ordinary Numba device array.
+
+docs/python.md explains the rules (streams, GIL, what is not supported).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import threading
+import warnings
+import weakref
+from typing import Any, Dict, Iterator, Optional
+
+import numpy as np
+from numba import cuda
+from numba.cuda.cudadrv import devicearray as _devicearray
+from numba.cuda.cudadrv.driver import (CudaAPIError, HostOnlyCUDAMemoryManager, MemoryInfo,
+                                       MemoryPointer)
+
+from . import _spillway as _c
+from ._errors import BusyError, OutOfMemoryError, UnsupportedError
+from ._runtime import Runtime, StreamLike
+from .array import DeferrableArray, ReadOnly
+
+try:
+    from cuda.bindings import driver as _cu
+except ImportError:  # older cuda-python layout
+    from cuda import cuda as _cu  # type: ignore
+
+__all__ = ["SpillwayNumbaManager", "SpillwayExtension", "extension", "jit", "device_array",
+           "device_array_like", "to_device", "lend", "read_only", "synchronize", "runtime",
+           "configure", "is_deferrable", "DeferrableArray", "ReadOnly"]
+
+# numba-cuda 0.30 reads device arrays through `_strided_memory_view_shim` when
+# `__cuda_memory__` is true; LaunchView speaks that protocol (the cheapest path). On a
+# numba-cuda without it, LaunchView is read through __cuda_array_interface__.
+if hasattr(_devicearray, "_to_strided_memory_view") and hasattr(
+        _devicearray.DeviceNDArrayBase, "_strided_memory_view_shim"):
+    _c.LaunchView.__cuda_memory__ = True
+
+
+# -- the shared runtime of each device ---------------------------------------------------
+class _Device:
+    """The runtime of one device and the stream that holds Numba's exposure locks."""
+
+    __slots__ = ("runtime", "expose", "expose_handle")
+
+    def __init__(self, device_id: int, config: Dict[str, Any]) -> None:
+        self.runtime = Runtime(device=device_id, **config)
+        self.expose = self.runtime.stream()
+        self.expose_handle = self.expose.handle
+
+
+_devices: Dict[int, _Device] = {}
+_devices_lock = threading.Lock()
+_config: Dict[str, Any] = {}
+
+
+def configure(**config: Any) -> None:
+    """Sets the keyword configuration (as for spillway.Runtime) of the runtimes this module
+    creates; call it before the first CUDA use. SPILLWAY_* variables apply to what is not
+    set here."""
+    with _devices_lock:
+        if _devices:
+            raise RuntimeError("spillway.numba.configure() must come before the first use")
+        _config.clear()
+        _config.update(config)
+
+
+def _device(device_id: int) -> _Device:
+    d = _devices.get(device_id)
+    if d is None:
+        with _devices_lock:
+            d = _devices.get(device_id)
+            if d is None:
+                d = _devices[device_id] = _Device(device_id, _config)
+    return d
+
+
+def _current() -> _Device:
+    return _device(cuda.get_current_device().id)
+
+
+def runtime(device: Optional[int] = None) -> Runtime:
+    """The process-wide Runtime of `device` (default: Numba's current device), shared by
+    the EMM plugin and by deferrable arrays; created on first use."""
+    return (_current() if device is None else _device(device)).runtime
+
+
+def _reset_device(device_id: int) -> None:
+    """The CUDA context of the device is about to be destroyed (numba.cuda.close()): every
+    buffer of its runtime dies with it. Release the exposure locks and close the runtime;
+    the next use creates a new one."""
+    with _devices_lock:
+        d = _devices.pop(device_id, None)
+    if d is None:
+        return
+    try:
+        d.runtime.close()  # synchronizes its streams (the exposure stream too) first
+    except BusyError as e:
+        warnings.warn(f"spillway: the runtime of device {device_id} still has locked buffers "
+                      f"at a CUDA context reset; it is abandoned ({e})", RuntimeWarning)
+
+
+# -- the EMM plugin ------------------------------------------------------------------------
+class SpillwayOutOfMemoryError(OutOfMemoryError, CudaAPIError):
+    """Spillway could not make room for a Numba allocation: both a spillway.OutOfMemoryError
+    (a MemoryError) and the CudaAPIError(CUDA_ERROR_OUT_OF_MEMORY) Numba code expects."""
+
+    def __init__(self, message: str, status: int, detail: str = "") -> None:
+        OutOfMemoryError.__init__(self, message, status, detail)
+        self.code = _cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY
+        self.msg = message
+
+    def __str__(self) -> str:
+        return self.msg
+
+
+class SpillwayNumbaManager(HostOnlyCUDAMemoryManager):
+    """Numba EMM plugin: device memory from Spillway's budget (host memory as Numba's own).
+
+    * ``memalloc`` allocates a Spillway buffer on the default stream (which Numba's
+      streams wait on) and locks it on the plugin's own stream: it stays resident and in
+      place while Numba holds the pointer; other buffers are spilled to make room.
+    * The finalizer never blocks: the lock moves to the default stream and is released
+      once that stream passes the point of the free, so kernels Numba enqueued before the
+      free still run on valid memory; then the memory goes back to the budget.
+    * ``defer_cleanup``: device frees are already stream-ordered and cheap, so it only
+      defers Numba's host-side cleanup (HostOnlyCUDAMemoryManager's).
+    * ``get_memory_info``: total = the device budget, free = the part not locked (unlocked
+      buffers can be spilled to make room).
+    * ``get_ipc_handle``: refused (UnsupportedError), see its text.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # numba.cuda.set_memory_manager builds one with context=None to read the version:
+        # nothing here may touch CUDA.
+        super().__init__(*args, **kwargs)
+        self._dev: Optional[_Device] = None
+
+    def initialize(self) -> None:
+        # Runs on every context push: only the first call does anything.
+        if self._dev is None and self.context is not None:
+            self._dev = _device(self.context.device.id)
+
+    def _device_state(self) -> _Device:
+        if self._dev is None or self._dev.runtime.closed:
+            self._dev = None
+            self.initialize()
+        return self._dev
+
+    def memalloc(self, size: int) -> MemoryPointer:
+        ctx = weakref.proxy(self.context)
+        if size <= 0:
+            return MemoryPointer(ctx, _cu.CUdeviceptr(0), size)
+        d = self._device_state()
+        rt = d.runtime
+        try:
+            h, ptr = rt._numba_alloc(size, d.expose_handle)
+        except OutOfMemoryError as e:
+            raise SpillwayOutOfMemoryError(str(e), e.status, e.detail) from None
+        return MemoryPointer(ctx, _cu.CUdeviceptr(ptr), size,
+                             finalizer=functools.partial(rt._numba_free, h, d.expose_handle))
+
+    def get_memory_info(self) -> MemoryInfo:
+        s = self._device_state().runtime.stats()
+        return MemoryInfo(free=max(0, s.device_limit - s.locked_bytes), total=s.device_limit)
+
+    def get_ipc_handle(self, memory):
+        raise UnsupportedError(
+            "SPW_ERR_UNSUPPORTED: CUDA IPC export of Spillway memory is not supported: "
+            "Spillway's device memory comes from a stream-ordered memory pool and from "
+            "shared slabs, which cuIpcGetMemHandle cannot export, and a deferrable buffer "
+            "has no fixed address another process could keep; allocate IPC buffers outside "
+            "the plugin (e.g. with cuMemAlloc) and copy into them",
+            _c.SPW_ERR_UNSUPPORTED, "ipc")
+
+    def reset(self) -> None:
+        super().reset()
+        if self.context is not None:
+            _reset_device(self.context.device.id)
+        self._dev = None
+
+    @contextlib.contextmanager
+    def defer_cleanup(self):
+        with super().defer_cleanup():
+            yield
+
+    @property
+    def interface_version(self) -> int:
+        return 1
+
+
+#: Read by Numba when NUMBA_CUDA_MEMORY_MANAGER=spillway.numba.
+_numba_memory_manager = SpillwayNumbaManager
+
+
+# -- deferrable arrays ---------------------------------------------------------------------
+def is_deferrable(obj: Any) -> bool:
+    return isinstance(obj, (DeferrableArray, ReadOnly))
+
+
+def device_array(shape, dtype=np.float64, order: str = "C",
+                 stream: StreamLike = 0) -> DeferrableArray:
+    """A new deferrable array on Numba's current device (contents undefined)."""
+    return DeferrableArray(runtime(), shape, dtype, order=order, stream=stream or None)
+
+
+def device_array_like(ary, stream: StreamLike = 0) -> DeferrableArray:
+    order = "F" if getattr(ary, "flags", None) is not None and ary.flags.f_contiguous \
+        and not ary.flags.c_contiguous else "C"
+    return device_array(ary.shape, ary.dtype, order=order, stream=stream)
+
+
+def to_device(ary, stream: StreamLike = 0) -> DeferrableArray:
+    """A new deferrable array holding a copy of the host array `ary`."""
+    return DeferrableArray.from_host(runtime(), ary, stream=stream or None)
+
+
+def read_only(arr: DeferrableArray) -> ReadOnly:
+    """Marks `arr` read-only for one launch: ``kernel[g, b](read_only(a), out)``."""
+    return arr.read_only
+
+
+@contextlib.contextmanager
+def lend(arr: DeferrableArray, stream: StreamLike = 0,
+         read: bool = False) -> Iterator[Any]:
+    """Lends `arr` as an ordinary Numba device array for the ``with`` block, locked on
+    `stream`: pass it to kernels, CuPy or PyTorch (``__cuda_array_interface__``) on that
+    stream (or on streams ordered after it). The lock is released once the stream passes
+    the end of the block; do not keep the device array past it."""
+    with arr.lend_pointer(stream or None, read) as view:
+        yield cuda.from_cuda_array_interface(view.__cuda_array_interface__, owner=view,
+                                             sync=False)
+
+
+def synchronize(stream: StreamLike = 0, device: Optional[int] = None) -> None:
+    """syncAndUnlock: waits for `stream` and releases every lock it holds (GIL released)."""
+    runtime(device).synchronize(stream or None)
+
+
+# -- the launch extension --------------------------------------------------------------------
+class SpillwayExtension(_c.LaunchExtensionBase):
+    """numba-cuda launch extension (``@cuda.jit(extensions=[spillway.numba.extension])``):
+    acquires every deferrable array argument on the launch stream before the launch (bringing
+    it back if it was spilled) and releases those locks once the stream passes the launch,
+    without blocking. Written in C (prepare_args); picklable, so kernels with
+    ``cache=True`` and multiprocessing keep working."""
+
+    def __init__(self) -> None:
+        super().__init__(DeferrableArray, ReadOnly)
+
+    def __reduce__(self):
+        return (SpillwayExtension, ())
+
+    def __repr__(self) -> str:
+        return "spillway.numba.extension"
+
+
+#: The one extension instance to pass to cuda.jit.
+extension = SpillwayExtension()
+
+
+def jit(func_or_sig=None, *args: Any, **kwargs: Any):
+    """numba.cuda.jit with the Spillway launch extension added; same arguments."""
+    ext = list(kwargs.pop("extensions", []) or [])
+    if not any(isinstance(e, SpillwayExtension) for e in ext):
+        ext.append(extension)
+    kwargs["extensions"] = ext
+    if func_or_sig is None:
+        return cuda.jit(*args, **kwargs)
+    return cuda.jit(func_or_sig, *args, **kwargs)

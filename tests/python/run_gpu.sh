@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# The Python side on the GPU machine (no network): run from the repository root with OUT
+# set (default ./gpu-out-py), one phase per call so that each fits in 10 minutes:
+#
+#   tests/python/run_gpu.sh install         carried wheels (.whl/*.whl) into /tmp/site,
+#                                           then `pip install .` (CMake + nvcc build)
+#   tests/python/run_gpu.sh tests           the Python tests, GPU tests included
+#   tests/python/run_gpu.sh suite-builtin   numba-cuda's cudadrv + cudapy tests, built-in manager
+#   tests/python/run_gpu.sh suite-spillway  the same with NUMBA_CUDA_MEMORY_MANAGER=spillway.numba
+#   tests/python/run_gpu.sh compare         outcome counts of both, and every test that differs
+#   tests/python/run_gpu.sh bench           bench/python: alloc, launch, stream, binding cost
+#
+# Every phase after `install` expects it to have run on the same machine (a fresh machine
+# needs `install` again). Results go to $OUT; the last lines printed are the summary.
+# SPW_SUITE_JOBS (xdist workers, 12), SPW_SUITE_LIMIT (each worker's device budget, 6GiB)
+# and SPW_SUITE_PKGS (the test packages) tune the suite phases.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+out=${OUT:-gpu-out-py}
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+site=/tmp/site
+export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
+jobs=${SPW_SUITE_JOBS:-12}
+pkgs=${SPW_SUITE_PKGS:-numba.cuda.tests.cudadrv numba.cuda.tests.cudapy}
+phase=${1:-}
+
+suite() { # $1: label, $2: NUMBA_CUDA_MEMORY_MANAGER value
+  local dir=$out/suite-$1
+  mkdir -p "$dir"
+  # Each xdist worker is a process with its own runtime: cap its budget so that the
+  # workers together fit on one GPU.
+  # The installed numba-cuda (numba_cuda/numba/cuda/tests) is collected with importlib
+  # imports, rooted at numba_cuda/ so that test ids name their modules. SIGINT at the time
+  # limit: pytest stops and still writes the junit XML of what ran.
+  local root
+  root=$(python3 -c 'import numba.cuda as c, os; print(os.path.dirname(os.path.dirname(os.path.dirname(c.__file__))))')
+  # shellcheck disable=SC2086
+  (cd "$dir" && NUMBA_CUDA_MEMORY_MANAGER=$2 SPILLWAY_DEVICE_LIMIT=${SPW_SUITE_LIMIT:-6GiB} \
+    timeout -s INT -k 30 560 python3 -m pytest -n "$jobs" --dist loadscope --timeout 240 -q \
+    -p no:cacheprovider --import-mode=importlib --rootdir "$root" \
+    --junitxml="$out/suite-$1.xml" --pyargs $pkgs >"$out/suite-$1.log" 2>&1)
+  echo "suite $1 rc=$?: $(tail -1 "$out/suite-$1.log")"
+}
+
+case "$phase" in
+install)
+  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1
+  if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
+      .whl/*.whl >"$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
+  fi
+  CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
+    python3 -m pip install -q --no-build-isolation --no-deps -v . >>"$out/install.log" 2>&1 ||
+    { tail -40 "$out/install.log"; exit 1; }
+  python3 -c "import spillway, spillway.numba; print('spillway', spillway.__version__, 'installed')"
+  ;;
+tests)
+  timeout 580 python3 -m pytest -q -rs -p no:cacheprovider --timeout 240 \
+    --junitxml="$out/python-tests.xml" tests/python >"$out/python-tests.log" 2>&1
+  echo "python tests rc=$?: $(tail -1 "$out/python-tests.log")"
+  grep -E "^(FAILED|ERROR|SKIPPED)" "$out/python-tests.log" | head -30
+  ;;
+suite-builtin) suite builtin default ;;
+suite-spillway) suite spillway spillway.numba ;;
+compare)
+  python3 tests/python/compare_junit.py "$out/suite-builtin.xml" "$out/suite-spillway.xml" \
+    | tee "$out/suite-compare.txt" | head -80
+  ;;
+bench)
+  python3 bench/python/bench_binding.py --backend cuda >"$out/bench_binding.txt" 2>&1
+  echo "== binding rc=$?"; cat "$out/bench_binding.txt"
+  timeout 300 python3 bench/python/bench_alloc.py --json "$out/bench_alloc.json" \
+    >"$out/bench_alloc.txt" 2>&1
+  echo "== alloc rc=$?"; tail -8 "$out/bench_alloc.txt"
+  NUMBA_CUDA_MEMORY_MANAGER=spillway.numba timeout 120 python3 bench/python/bench_launch.py \
+    --json "$out/bench_launch.json" >"$out/bench_launch.txt" 2>&1
+  echo "== launch rc=$?"; tail -7 "$out/bench_launch.txt"
+  NUMBA_CUDA_MEMORY_MANAGER=spillway.numba timeout 240 python3 bench/python/bench_stream.py \
+    --json "$out/bench_stream.json" >"$out/bench_stream.txt" 2>&1
+  echo "== stream rc=$?"; tail -7 "$out/bench_stream.txt"
+  ;;
+*)
+  sed -n 2,18p "$0"
+  exit 2
+  ;;
+esac
