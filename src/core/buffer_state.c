@@ -47,7 +47,7 @@ static void check_change(uint64_t old, uint64_t new_word) {
   }
 }
 #else
-#define check_change(old, new_word) ((void)0)
+#define check_change(old, new_word) ((void)(old), (void)(new_word))
 #endif
 
 /* Stores a new word whose state differs; nobody else may change it meanwhile. */

@@ -67,6 +67,7 @@ static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victi
 static void run_spills(spw_runtime_t *rt, spw_job_t *jobs) {
   size_t n = 0;
   for (spw_job_t *l = jobs; l; l = l->next) n += ((job_t *)(void *)l)->n;
+  if (n == 0) return;
   spw_victim_t *v = malloc(n * sizeof *v);
   if (!v) {
     spw__set_async_error(rt, SPW_ERR_SYSTEM);
@@ -84,6 +85,7 @@ static void run_spills(spw_runtime_t *rt, spw_job_t *jobs) {
 static void run_prefetches(spw_runtime_t *rt, spw_job_t *jobs) {
   size_t n = 0;
   for (spw_job_t *l = jobs; l; l = l->next) n += ((job_t *)(void *)l)->n;
+  if (n == 0) return;
   spw_buf_t *all = malloc(n * sizeof *all);
   if (!all) {
     spw__set_async_error(rt, SPW_ERR_SYSTEM);
