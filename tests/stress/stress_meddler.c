@@ -184,8 +184,10 @@ static void meddle_expect(stress_t *st, const char *call, int rc, unsigned acc, 
     if (rc != SPW_OK && (st->o.tolerate_async & (1u << (unsigned)(-rc)))) atomic_fetch_add(&st->tolerated, 1);
     return;
   }
-  stress_fail(st, NULL, "meddler: %s of buf %#llx returned %s (%s); this thread's last error text: \"%s\"", call,
-              (unsigned long long)h, spw_err_name(rc), spw_strerror(rc), spw_last_error(st->rt));
+  char of[48] = "";
+  if (h) snprintf(of, sizeof of, " of buf %#llx", (unsigned long long)h);
+  stress_fail(st, NULL, "meddler: %s%s returned %s (%s); this thread's last error text: \"%s\"",
+              call, of, spw_err_name(rc), spw_strerror(rc), spw_last_error(st->rt));
 }
 
 static void meddle_once(stress_t *st) {
