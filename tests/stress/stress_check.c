@@ -117,6 +117,9 @@ _Noreturn void stress_fail(stress_t *st, worker_t *w, const char *fmt, ...) {
   } else {
     fprintf(stderr, "thread: a runtime thread or the main thread (no history)\n");
   }
+  char stats[512];
+  if (st->rt && spw_stats_summary(st->rt, stats, sizeof stats) == SPW_OK)
+    fprintf(stderr, "stats: %s\n", stats);
   fprintf(stderr, "replay: %s\n", st->replay);
   fflush(stderr);
   _exit(1);

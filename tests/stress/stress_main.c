@@ -655,8 +655,12 @@ static int run(stress_t *st) {
   phase(st, "joining the meddler");
   atomic_store(&st->stop, 1);
   if (o->meddler) pthread_join(meddler, NULL);
+  phase(st, "waiting for the workers' final checks");
   for (int i = 0; i < st->nworkers; i++) {
-    phase(st, "joining the workers (final checks)");
+    while (atomic_load(&st->workers[i].phase) < 2) { /* the watchdog watches them meanwhile */
+      sleep_s(0.02);
+      atomic_fetch_add(&st->main_heartbeat, 1);
+    }
     pthread_join(threads[i], NULL);
   }
   double elapsed = stress_now() - st->t0;

@@ -440,14 +440,13 @@ static void op_alloc(worker_t *w) {
     return;
   }
   int s = pick_stream(w);
-  /* An allocation in progress holds its room: count it as locked for everyone meanwhile. */
-  stress_locked_add(st, size);
+  /* Unlike an acquire's, an allocation's room is not counted as locked for the others while
+   * it is made: the new buffer is unlocked, so the room it takes can be spilled again. */
   stress_tracker_begin(st, w->tracker_call);
   spw_buf_t h = SPW_BUF_NULL;
   int rc = spw_alloc(st->rt, size, stream_of(w, s), &h);
   uint64_t peak = stress_tracker_peak(st, w->tracker_call);
-  stress_locked_sub(st, size);
-  unsigned acc = ACC(OK) | (peak > st->o.budget ? ACC(ERR_OUT_OF_MEMORY) : 0);
+  unsigned acc = ACC(OK) | (peak + size > st->o.budget ? ACC(ERR_OUT_OF_MEMORY) : 0);
   stress_note(&w->hist, OP_ALLOC, rc, s, 0, h, 0, 0, size, 0);
   stress_expect(st, w, "spw_alloc", rc, acc, NULL);
   if (rc != SPW_OK) {
