@@ -236,6 +236,8 @@ uint64_t stress_tracker_peak(stress_t *st, int tracker);
 /* The acceptable statuses of spw_wait_idle / spw_async_error for the tracker's window: OK,
  * and OUT_OF_MEMORY only if a prefetch may legitimately have found the device locked. */
 unsigned stress_async_accept(stress_t *st, int tracker);
+/* stress_expect for spw_wait_idle / spw_async_error over the tracker's window. */
+void stress_expect_async(stress_t *st, worker_t *w, const char *call, int status, int tracker);
 
 /* stress_data.c: writes and checks of contents, on the acquiring stream. */
 int stress_data_init(worker_t *w);

@@ -179,3 +179,15 @@ unsigned stress_async_accept(stress_t *st, int tracker) {
   if (stress_tracker_peak(st, tracker) + st->o.max_buf > st->o.budget) acc |= ACC(ERR_OUT_OF_MEMORY);
   return acc;
 }
+
+void stress_expect_async(stress_t *st, worker_t *w, const char *call, int status, int tracker) {
+  unsigned acc = stress_async_accept(st, tracker);
+  if (status == SPW_ERR_OUT_OF_MEMORY && !(acc & ACC(ERR_OUT_OF_MEMORY)))
+    stress_fail(st, w,
+                "%s returned SPW_ERR_OUT_OF_MEMORY: a prefetch failed for want of device room, "
+                "yet since the previous reading of the async error at most %llu bytes were locked, "
+                "and the largest buffer is %llu bytes, within the budget of %llu",
+                call, (unsigned long long)stress_tracker_peak(st, tracker),
+                (unsigned long long)st->o.max_buf, (unsigned long long)st->o.budget);
+  stress_expect(st, w, call, status, acc, NULL);
+}
