@@ -543,7 +543,8 @@ static void summary(stress_t *st, double elapsed) {
   if (spw_stats_summary(st->rt, stats, sizeof stats) != SPW_OK) snprintf(stats, sizeof stats, "?");
 #define TR(a, b) (unsigned long long)atomic_load(&st->cb_transitions[SPW_STATE_##a][SPW_STATE_##b])
   printf("spw_stress: PASS seed %llu, %.1f s, %d workers, %s backend: %llu operations (%s); "
-         "launch groups %llu; contents checks %llu (%.1f MiB verified, %.1f MiB written); "
+         "launch groups %llu; contents checks %llu (%.1f MiB verified, %.1f MiB written, 0 wrong "
+         "words%s); "
          "accepted out-of-memory %llu, not-ready %llu, locked %llu; meddler %llu calls (%llu "
          "freed, %llu locked); controller %llu events (R->H %llu, R->D %llu, H->D %llu, H->R "
          "%llu, D->R %llu), %llu locked skips, %llu pressure calls naming %llu victims, %llu "
@@ -552,7 +553,8 @@ static void summary(stress_t *st, double elapsed) {
          (unsigned long long)st->o.seed, elapsed, st->nworkers,
          st->backend == SPW_BACKEND_CUDA ? "cuda" : "host", (unsigned long long)total, ops,
          (unsigned long long)groups, (unsigned long long)checks, (double)checked / (double)MiB,
-         (double)written / (double)MiB, (unsigned long long)oom, (unsigned long long)not_ready,
+         (double)written / (double)MiB,
+         st->backend == SPW_BACKEND_CUDA ? ", no CUDA error" : "", (unsigned long long)oom, (unsigned long long)not_ready,
          (unsigned long long)locked, (unsigned long long)st->meddles,
          (unsigned long long)st->meddle_freed, (unsigned long long)st->meddle_locked,
          (unsigned long long)atomic_load(&st->cb_events),
