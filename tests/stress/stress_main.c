@@ -47,7 +47,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <strings.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -91,27 +90,15 @@ static void usage(FILE *f) {
           "                  [--meddle-us N] [--hang-seconds S] [--progress S]\n"
           "                  [--tolerate-async SPW_ERR_X,...  (triage: count these background\n"
           "                   errors instead of failing, to look past a known bug)]\n"
-          "sizes take KiB/MiB/GiB suffixes; SPW_STRESS_SECONDS overrides --seconds.\n"
+          "sizes as the SPILLWAY_* limits take them (16MiB, 1.5GiB, 4096);\n"
+          "SPW_STRESS_SECONDS overrides --seconds.\n"
           "operations (--weights):");
   for (int i = 0; i < OP_NWEIGHTED; i++) fprintf(f, " %s", stress_op_name(i));
   fprintf(f, "\n");
 }
 
-static int parse_bytes(const char *s, uint64_t *out) {
-  char *end;
-  errno = 0;
-  double v = strtod(s, &end);
-  if (errno || end == s || v < 0) return -1;
-  uint64_t mul = 1;
-  if (*end) {
-    if (!strcasecmp(end, "k") || !strcasecmp(end, "kib")) mul = KiB;
-    else if (!strcasecmp(end, "m") || !strcasecmp(end, "mib")) mul = MiB;
-    else if (!strcasecmp(end, "g") || !strcasecmp(end, "gib")) mul = GiB;
-    else if (strcasecmp(end, "b")) return -1;
-  }
-  *out = (uint64_t)(v * (double)mul);
-  return 0;
-}
+/* Sizes take the syntax of the SPILLWAY_* limits ("16MiB", "1.5 GiB", "4096"). */
+static int parse_bytes(const char *s, uint64_t *out) { return spw_parse_size(s, out) == SPW_OK ? 0 : -1; }
 
 static int parse_onoff(const char *s, int *out) {
   if (!strcmp(s, "on") || !strcmp(s, "1")) *out = 1;
