@@ -74,7 +74,7 @@ for r in "${runs[@]}"; do
       echo "$r: SKIP (no compute-sanitizer)"
       continue
     fi
-    run "$r" $((${SAN_SECONDS:-20} * 20 + 300)) compute-sanitizer --tool "$r" --error-exitcode 99 \
+    run "$r" $((${SAN_SECONDS:-20} * 10 + 240)) compute-sanitizer --tool "$r" --error-exitcode 99 \
       --print-limit 20 "$exe" --backend cuda --seconds "${SAN_SECONDS:-20}" \
       --budget "${SAN_BUDGET:-64MiB}" --max-buf 4MiB --hang-seconds 600
     ;;
