@@ -32,13 +32,13 @@
 #include "spillway/spillway.h"
 
 #define STRESS_MAX_THREADS 64
-#define STRESS_STREAMS 2  /* streams per worker, at most */
-#define STRESS_MAX_N 8    /* handles per acquire_n / release_n_async / spill_n of a worker */
+#define STRESS_STREAMS 2   /* streams per worker, at most */
+#define STRESS_MAX_N 8     /* handles per acquire_n / release_n_async / spill_n of a worker */
 #define STRESS_MEDDLE_N 16 /* handles per spill_n / prefetch_n of the meddler */
-#define STRESS_PUB 512    /* handles a worker publishes for the meddler and the controller */
-#define STRESS_DEAD 256   /* freed handles remembered for them */
+#define STRESS_PUB 512     /* handles a worker publishes for the meddler and the controller */
+#define STRESS_DEAD 256    /* freed handles remembered for them */
 #define STRESS_LOCAL_DEAD 32
-#define STRESS_HIST 64    /* operations remembered per thread; the last 50 are printed */
+#define STRESS_HIST 64 /* operations remembered per thread; the last 50 are printed */
 #define STRESS_TRACKERS (2 * STRESS_MAX_THREADS + 4)
 
 #define KiB ((uint64_t)1 << 10)
@@ -47,42 +47,42 @@
 
 /* The operations a worker draws (name, weight by default, weight in --soak), then the
  * steps that only appear in histories. */
-#define STRESS_WEIGHTED_OPS(X)                                                               \
-  X(ALLOC, "alloc", 10, 3)                                                                   \
-  X(FREE, "free", 5, 2)                                                                      \
-  X(FREE_LOCKED, "free_locked", 2, 1)                                                        \
-  X(FREE_PENDING, "free_pending", 2, 1)                                                      \
-  X(FREE_SPILLING, "free_spilling", 2, 1)                                                    \
-  X(ACQUIRE, "acquire", 16, 10)                                                              \
-  X(ACQUIRE_READ, "acquire_read", 10, 6)                                                     \
-  X(ACQUIRE_TRY, "acquire_try", 3, 1)                                                        \
-  X(ACQUIRE_N, "acquire_n", 8, 12)                                                           \
-  X(RELEASE, "release", 5, 3)                                                                \
-  X(SYNC, "sync", 6, 4)                                                                      \
-  X(RELEASE_ASYNC, "release_async", 6, 5)                                                    \
-  X(RELEASE_N_ASYNC, "release_n_async", 6, 6)                                                \
-  X(SPILL_HOST, "spill_host", 3, 1)                                                          \
-  X(SPILL_DISK, "spill_disk", 3, 1)                                                          \
-  X(SPILL_N, "spill_n", 2, 1)                                                                \
-  X(PREFETCH, "prefetch", 3, 1)                                                              \
-  X(PREFETCH_N, "prefetch_n", 2, 1)                                                          \
-  X(WAIT_IDLE, "wait_idle", 1, 1)                                                            \
-  X(ASYNC_ERROR, "async_error", 1, 1)                                                        \
-  X(QUERY, "query", 5, 2)                                                                    \
-  X(STATS, "stats", 2, 1)                                                                    \
-  X(CONTROLLER, "controller", 1, 1)                                                          \
-  X(DEAD_HANDLE, "dead_handle", 2, 1)                                                        \
-  X(BAD_INPUT, "bad_input", 2, 1)                                                            \
+#define STRESS_WEIGHTED_OPS(X)                \
+  X(ALLOC, "alloc", 10, 3)                    \
+  X(FREE, "free", 5, 2)                       \
+  X(FREE_LOCKED, "free_locked", 2, 1)         \
+  X(FREE_PENDING, "free_pending", 2, 1)       \
+  X(FREE_SPILLING, "free_spilling", 2, 1)     \
+  X(ACQUIRE, "acquire", 16, 10)               \
+  X(ACQUIRE_READ, "acquire_read", 10, 6)      \
+  X(ACQUIRE_TRY, "acquire_try", 3, 1)         \
+  X(ACQUIRE_N, "acquire_n", 8, 12)            \
+  X(RELEASE, "release", 5, 3)                 \
+  X(SYNC, "sync", 6, 4)                       \
+  X(RELEASE_ASYNC, "release_async", 6, 5)     \
+  X(RELEASE_N_ASYNC, "release_n_async", 6, 6) \
+  X(SPILL_HOST, "spill_host", 3, 1)           \
+  X(SPILL_DISK, "spill_disk", 3, 1)           \
+  X(SPILL_N, "spill_n", 2, 1)                 \
+  X(PREFETCH, "prefetch", 3, 1)               \
+  X(PREFETCH_N, "prefetch_n", 2, 1)           \
+  X(WAIT_IDLE, "wait_idle", 1, 1)             \
+  X(ASYNC_ERROR, "async_error", 1, 1)         \
+  X(QUERY, "query", 5, 2)                     \
+  X(STATS, "stats", 2, 1)                     \
+  X(CONTROLLER, "controller", 1, 1)           \
+  X(DEAD_HANDLE, "dead_handle", 2, 1)         \
+  X(BAD_INPUT, "bad_input", 2, 1)             \
   X(STREAM_RECYCLE, "stream_recycle", 1, 1)
 
-#define STRESS_STEP_OPS(X)                                                                   \
-  X(FENCE, "fence")                                                                          \
-  X(VERIFY, "verify")                                                                        \
-  X(WRITE, "write")                                                                          \
-  X(RETIRE, "lock_count")                                                                    \
-  X(STREAM_CREATE, "stream_create")                                                          \
-  X(FINISH, "finish")                                                                        \
-  X(MEDDLE, "meddle")                                                                        \
+#define STRESS_STEP_OPS(X)          \
+  X(FENCE, "fence")                 \
+  X(VERIFY, "verify")               \
+  X(WRITE, "write")                 \
+  X(RETIRE, "lock_count")           \
+  X(STREAM_CREATE, "stream_create") \
+  X(FINISH, "finish")               \
+  X(MEDDLE, "meddle")               \
   X(CALLBACK, "callback")
 
 typedef enum stress_op {
@@ -125,10 +125,10 @@ typedef struct mbuf {
   size_t size;
   uint32_t version; /* of the contents; 0 = never written */
   uint16_t held[STRESS_STREAMS], pending[STRESS_STREAMS];
-  int work;         /* stream with work on the buffer not known to be complete, or -1 */
-  bool counted;     /* its bytes are in the shared locked model */
-  int pub;          /* its slot in the owner's published table, or -1 */
-  void *dptr;       /* while held */
+  int work;     /* stream with work on the buffer not known to be complete, or -1 */
+  bool counted; /* its bytes are in the shared locked model */
+  int pub;      /* its slot in the owner's published table, or -1 */
+  void *dptr;   /* while held */
 } mbuf_t;
 
 typedef struct hist_entry {
@@ -148,7 +148,7 @@ typedef struct worker {
   uint64_t rng;
   spw_stream_t streams[STRESS_STREAMS];
   int nstreams;
-  int null_stream; /* index of the NULL stream in streams, or -1 */
+  int null_stream;        /* index of the NULL stream in streams, or -1 */
   mbuf_t *live, *zombies; /* zombies: freed, some locks still outstanding */
   size_t nlive, live_cap, nzombies, zombie_cap;
   spw_buf_t dead[STRESS_LOCAL_DEAD];
@@ -169,9 +169,9 @@ typedef struct worker {
   _Atomic uint64_t groups, bytes_checked, bytes_written; /* read by the progress line */
   /* the data plane (stress_data.c) */
   sem_t fence;
-  _Atomic uint64_t staging;       /* host staging bytes not yet handed back */
+  _Atomic uint64_t staging; /* host staging bytes not yet handed back */
   _Atomic uint64_t host_checks, host_bytes_checked;
-  atomic_int bad;                 /* 2 once bad_msg holds a contents mismatch */
+  atomic_int bad; /* 2 once bad_msg holds a contents mismatch */
   char bad_msg[512];
   void *cuda_check;
 } worker_t;

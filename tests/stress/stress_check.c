@@ -73,12 +73,13 @@ void stress_print_history(const history_t *h, const char *who, int last) {
     uint64_t size = atomic_load_explicit(&e->w[3], memory_order_relaxed);
     int op = (int)(w0 & 0xff), status = -(int)((w0 >> 8) & 0xff);
     int stream = (int)((w0 >> 16) & 0xff) - 1;
-    fprintf(stderr, "  #%-7llu %-15s %-22s stream %-2d flags %#x buf %#018llx id %llu v%llu "
-                    "size %llu n %u\n",
+    fprintf(stderr,
+            "  #%-7llu %-15s %-22s stream %-2d flags %#x buf %#018llx id %llu v%llu "
+            "size %llu n %u\n",
             (unsigned long long)i, stress_op_name(op), spw_err_name(status), stream,
-            (unsigned)((w0 >> 24) & 0xff), (unsigned long long)buf,
-            (unsigned long long)(idv >> 24), (unsigned long long)(idv & 0xffffff),
-            (unsigned long long)size, (unsigned)((w0 >> 32) & 0xff));
+            (unsigned)((w0 >> 24) & 0xff), (unsigned long long)buf, (unsigned long long)(idv >> 24),
+            (unsigned long long)(idv & 0xffffff), (unsigned long long)size,
+            (unsigned)((w0 >> 32) & 0xff));
   }
 }
 
@@ -97,8 +98,10 @@ void stress_set_thread(history_t *h, const char *name) {
 _Noreturn void stress_fail(stress_t *st, worker_t *w, const char *fmt, ...) {
   history_t *h = w ? &w->hist : this_hist;
   char who[32];
-  if (w) snprintf(who, sizeof who, "worker %d", w->index);
-  else snprintf(who, sizeof who, "%s", h ? this_name : "");
+  if (w)
+    snprintf(who, sizeof who, "worker %d", w->index);
+  else
+    snprintf(who, sizeof who, "%s", h ? this_name : "");
   int expected = 0;
   if (!atomic_compare_exchange_strong(&st->failing, &expected, 1)) {
     for (;;) pause(); /* the first failure's report ends the process */
@@ -140,11 +143,13 @@ void stress_expect(stress_t *st, worker_t *w, const char *call, int status, unsi
                               spw_err_name(-k));
   char bdesc[160] = "";
   if (b)
-    snprintf(bdesc, sizeof bdesc, " on buf %#llx (id %llu, %zu bytes, v%u, held %u+%u, pending %u+%u)",
-             (unsigned long long)b->h, (unsigned long long)b->id, b->size, b->version,
-             b->held[0], b->held[1], b->pending[0], b->pending[1]);
-  stress_fail(st, w, "%s%s returned %s (%s), expected %s; this thread's last error text: \"%s\"", call, bdesc,
-              spw_err_name(status), spw_strerror(status), allowed, spw_last_error(st->rt));
+    snprintf(bdesc, sizeof bdesc,
+             " on buf %#llx (id %llu, %zu bytes, v%u, held %u+%u, pending %u+%u)",
+             (unsigned long long)b->h, (unsigned long long)b->id, b->size, b->version, b->held[0],
+             b->held[1], b->pending[0], b->pending[1]);
+  stress_fail(st, w, "%s%s returned %s (%s), expected %s; this thread's last error text: \"%s\"",
+              call, bdesc, spw_err_name(status), spw_strerror(status), allowed,
+              spw_last_error(st->rt));
 }
 
 /* ---- the locked model -------------------------------------------------------------- */
@@ -176,7 +181,8 @@ unsigned stress_async_accept(stress_t *st, int tracker) {
    * device was locked to within less than the largest buffer. Its failure happened after
    * the previous reading of the async error by anyone, so after this tracker's begin. */
   unsigned acc = ACC(OK) | st->o.tolerate_async;
-  if (stress_tracker_peak(st, tracker) + st->o.max_buf > st->o.budget) acc |= ACC(ERR_OUT_OF_MEMORY);
+  if (stress_tracker_peak(st, tracker) + st->o.max_buf > st->o.budget)
+    acc |= ACC(ERR_OUT_OF_MEMORY);
   return acc;
 }
 

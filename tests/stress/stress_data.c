@@ -87,8 +87,8 @@ static void describe_wrong(char *out, size_t len, uint64_t id, uint32_t version,
     snprintf(out, len, "garbage (not any buffer's word at this index)");
 }
 
-static void record_bad(worker_t *w, const char *what, uint64_t id, uint32_t version,
-                       uint64_t index, uint64_t got, spw_buf_t h) {
+static void record_bad(worker_t *w, const char *what, uint64_t id, uint32_t version, uint64_t index,
+                       uint64_t got, spw_buf_t h) {
   int expected = 0;
   if (!atomic_compare_exchange_strong(&w->bad, &expected, 1)) return;
   char why[160];
@@ -97,8 +97,8 @@ static void record_bad(worker_t *w, const char *what, uint64_t id, uint32_t vers
            "%s: buffer id %llu (handle %#llx) version %u: word %llu reads %#018llx, expected "
            "%#018llx: %s",
            what, (unsigned long long)id, (unsigned long long)h, version, (unsigned long long)index,
-           (unsigned long long)got,
-           (unsigned long long)stress_word(stress_key(id, version), index), why);
+           (unsigned long long)got, (unsigned long long)stress_word(stress_key(id, version), index),
+           why);
   atomic_store_explicit(&w->bad, 2, memory_order_release);
 }
 
@@ -129,7 +129,8 @@ static host_job_t *host_job(worker_t *w, int s, const mbuf_t *b) {
   (void)s;
   host_job_t *j = malloc(sizeof *j);
   uint8_t *staging = malloc(b->size);
-  if (!j || !staging) stress_fail(w->st, w, "out of host memory for a %zu-byte staging copy", b->size);
+  if (!j || !staging)
+    stress_fail(w->st, w, "out of host memory for a %zu-byte staging copy", b->size);
   *j = (host_job_t){w, staging, b->size, b->h, b->id, b->version};
   atomic_fetch_add(&w->staging, b->size);
   return j;
@@ -142,7 +143,8 @@ int stress_data_init(worker_t *w) {
     stress_cuda_check_t *c = NULL;
     int e = stress_cuda_check_create(&c);
     if (e != 0) {
-      fprintf(stderr, "spw_stress: cannot set up the check record: %s\n", stress_cuda_error_name(e));
+      fprintf(stderr, "spw_stress: cannot set up the check record: %s\n",
+              stress_cuda_error_name(e));
       return -1;
     }
     w->cuda_check = c;
@@ -226,8 +228,8 @@ void stress_data_check(worker_t *w, bool device) {
       stress_fail(w->st, w,
                   "check kernels found %llu wrong words; the first: buffer id %llu version %u "
                   "word %llu reads %#018llx: %s",
-                  r.wrong_words, (unsigned long long)id, version,
-                  (unsigned long long)r.first_index, r.first_got, why);
+                  r.wrong_words, (unsigned long long)id, version, (unsigned long long)r.first_index,
+                  r.first_got, why);
     }
   }
 #else
@@ -239,7 +241,8 @@ void stress_data_finish(stress_t *st) {
 #ifdef SPW_STRESS_HAVE_CUDA
   if (st->backend == SPW_BACKEND_CUDA) {
     int e = stress_cuda_finish();
-    if (e != 0) stress_fail(st, NULL, "CUDA error at the end of the run: %s", stress_cuda_error_name(e));
+    if (e != 0)
+      stress_fail(st, NULL, "CUDA error at the end of the run: %s", stress_cuda_error_name(e));
   }
 #else
   (void)st;

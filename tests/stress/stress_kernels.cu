@@ -29,8 +29,7 @@ unsigned grid_for(size_t words) {
   return static_cast<unsigned>(blocks == 0 ? 1 : blocks);
 }
 
-__device__ void note_wrong(stress_cuda_result_t *r, uint64_t key, uint64_t index,
-                           uint64_t got) {
+__device__ void note_wrong(stress_cuda_result_t *r, uint64_t key, uint64_t index, uint64_t got) {
   if (atomicCAS(&r->first_set, 0ull, 2ull) == 0ull) {
     r->first_key = key;
     r->first_index = index;

@@ -32,12 +32,12 @@
  *                                    spills: proves the model itself right
  *   spw_stress --backend cuda        the GPU variant (kernels check and write the data)
  *   spw_stress --soak                16 workers, 4x oversubscribed, 4 KiB - 64 MiB buffers,
- *                                    10 minutes, progress every 30 s (tests/stress/run_gpu_stress.sh)
- *   spw_stress --weights free_locked=20,spill_n=0 ...   reweights the mix (names: --help)
- * Without --spill-dir the spill file lives in a fresh directory under $TMPDIR; a supervisor
- * process runs the test as its child and removes that directory whatever the child's fate
- * (failure, crash, sanitizer abort). Exit status: 0 pass, 1 failure, 2 bad options,
- * 77 skipped (no GPU for --backend cuda, or io_uring refused under SPILLWAY_IO=uring). */
+ *                                    10 minutes, progress every 30 s
+ * (tests/stress/run_gpu_stress.sh) spw_stress --weights free_locked=20,spill_n=0 ...   reweights
+ * the mix (names: --help) Without --spill-dir the spill file lives in a fresh directory under
+ * $TMPDIR; a supervisor process runs the test as its child and removes that directory whatever the
+ * child's fate (failure, crash, sanitizer abort). Exit status: 0 pass, 1 failure, 2 bad options, 77
+ * skipped (no GPU for --backend cuda, or io_uring refused under SPILLWAY_IO=uring). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -98,12 +98,17 @@ static void usage(FILE *f) {
 }
 
 /* Sizes take the syntax of the SPILLWAY_* limits ("16MiB", "1.5 GiB", "4096"). */
-static int parse_bytes(const char *s, uint64_t *out) { return spw_parse_size(s, out) == SPW_OK ? 0 : -1; }
+static int parse_bytes(const char *s, uint64_t *out) {
+  return spw_parse_size(s, out) == SPW_OK ? 0 : -1;
+}
 
 static int parse_onoff(const char *s, int *out) {
-  if (!strcmp(s, "on") || !strcmp(s, "1")) *out = 1;
-  else if (!strcmp(s, "off") || !strcmp(s, "0")) *out = 0;
-  else return -1;
+  if (!strcmp(s, "on") || !strcmp(s, "1"))
+    *out = 1;
+  else if (!strcmp(s, "off") || !strcmp(s, "0"))
+    *out = 0;
+  else
+    return -1;
   return 0;
 }
 
@@ -142,21 +147,54 @@ static int parse_statuses(const char *arg, unsigned *mask) {
 }
 
 enum {
-  O_SEED = 256, O_SECONDS, O_THREADS, O_BUDGET, O_HOST, O_MIN, O_MAX, O_LIVE, O_CAP, O_CTRL,
-  O_MEDDLER, O_BACKEND, O_DIR, O_SANITY, O_SOAK, O_WEIGHTS, O_MEDDLE_US, O_HANG, O_PROGRESS,
-  O_CHILD, O_TOLERATE, O_HELP
+  O_SEED = 256,
+  O_SECONDS,
+  O_THREADS,
+  O_BUDGET,
+  O_HOST,
+  O_MIN,
+  O_MAX,
+  O_LIVE,
+  O_CAP,
+  O_CTRL,
+  O_MEDDLER,
+  O_BACKEND,
+  O_DIR,
+  O_SANITY,
+  O_SOAK,
+  O_WEIGHTS,
+  O_MEDDLE_US,
+  O_HANG,
+  O_PROGRESS,
+  O_CHILD,
+  O_TOLERATE,
+  O_HELP
 };
 
 static int parse(int argc, char **argv, cli_t *c) {
-  static const struct option opts[] = {
-      {"seed", 1, 0, O_SEED},         {"seconds", 1, 0, O_SECONDS},  {"threads", 1, 0, O_THREADS},
-      {"budget", 1, 0, O_BUDGET},     {"host-limit", 1, 0, O_HOST},  {"min-buf", 1, 0, O_MIN},
-      {"max-buf", 1, 0, O_MAX},       {"live", 1, 0, O_LIVE},        {"lock-cap", 1, 0, O_CAP},
-      {"controller", 1, 0, O_CTRL},   {"meddler", 1, 0, O_MEDDLER},  {"backend", 1, 0, O_BACKEND},
-      {"spill-dir", 1, 0, O_DIR},     {"sanity", 0, 0, O_SANITY},    {"soak", 0, 0, O_SOAK},
-      {"weights", 1, 0, O_WEIGHTS},   {"meddle-us", 1, 0, O_MEDDLE_US},
-      {"hang-seconds", 1, 0, O_HANG}, {"progress", 1, 0, O_PROGRESS}, {"child", 0, 0, O_CHILD},
-      {"tolerate-async", 1, 0, O_TOLERATE}, {"help", 0, 0, O_HELP},         {0, 0, 0, 0}};
+  static const struct option opts[] = {{"seed", 1, 0, O_SEED},
+                                       {"seconds", 1, 0, O_SECONDS},
+                                       {"threads", 1, 0, O_THREADS},
+                                       {"budget", 1, 0, O_BUDGET},
+                                       {"host-limit", 1, 0, O_HOST},
+                                       {"min-buf", 1, 0, O_MIN},
+                                       {"max-buf", 1, 0, O_MAX},
+                                       {"live", 1, 0, O_LIVE},
+                                       {"lock-cap", 1, 0, O_CAP},
+                                       {"controller", 1, 0, O_CTRL},
+                                       {"meddler", 1, 0, O_MEDDLER},
+                                       {"backend", 1, 0, O_BACKEND},
+                                       {"spill-dir", 1, 0, O_DIR},
+                                       {"sanity", 0, 0, O_SANITY},
+                                       {"soak", 0, 0, O_SOAK},
+                                       {"weights", 1, 0, O_WEIGHTS},
+                                       {"meddle-us", 1, 0, O_MEDDLE_US},
+                                       {"hang-seconds", 1, 0, O_HANG},
+                                       {"progress", 1, 0, O_PROGRESS},
+                                       {"child", 0, 0, O_CHILD},
+                                       {"tolerate-async", 1, 0, O_TOLERATE},
+                                       {"help", 0, 0, O_HELP},
+                                       {0, 0, 0, 0}};
   stress_options_t *o = &c->o;
   const char *env = getenv("SPILLWAY_BACKEND");
   o->backend = env && !strcmp(env, "cuda") ? SPW_BACKEND_CUDA : SPW_BACKEND_HOST;
@@ -165,7 +203,10 @@ static int parse(int argc, char **argv, cli_t *c) {
   int opt, bad = 0;
   while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (opt) {
-    case O_SEED: o->seed = strtoull(optarg, NULL, 0); c->seed_given = 1; break;
+    case O_SEED:
+      o->seed = strtoull(optarg, NULL, 0);
+      c->seed_given = 1;
+      break;
     case O_SECONDS: c->seconds = atof(optarg); break;
     case O_THREADS: c->threads = atoi(optarg); break;
     case O_BUDGET: bad |= parse_bytes(optarg, &c->budget); break;
@@ -177,9 +218,12 @@ static int parse(int argc, char **argv, cli_t *c) {
     case O_CTRL: bad |= parse_onoff(optarg, &c->controller); break;
     case O_MEDDLER: bad |= parse_onoff(optarg, &c->meddler); break;
     case O_BACKEND:
-      if (!strcmp(optarg, "host")) o->backend = SPW_BACKEND_HOST;
-      else if (!strcmp(optarg, "cuda")) o->backend = SPW_BACKEND_CUDA;
-      else bad = 1;
+      if (!strcmp(optarg, "host"))
+        o->backend = SPW_BACKEND_HOST;
+      else if (!strcmp(optarg, "cuda"))
+        o->backend = SPW_BACKEND_CUDA;
+      else
+        bad = 1;
       break;
     case O_DIR: o->spill_dir = optarg; break;
     case O_SANITY: o->sanity = 1; break;
@@ -189,7 +233,10 @@ static int parse(int argc, char **argv, cli_t *c) {
     case O_HANG: o->hang_seconds = atof(optarg); break;
     case O_PROGRESS: o->progress_seconds = atof(optarg); break;
     case O_CHILD: c->child = 1; break;
-    case O_TOLERATE: c->tolerate_arg = optarg; bad |= parse_statuses(optarg, &o->tolerate_async); break;
+    case O_TOLERATE:
+      c->tolerate_arg = optarg;
+      bad |= parse_statuses(optarg, &o->tolerate_async);
+      break;
     case O_HELP: usage(stdout); exit(0);
     default: bad = 1; break;
     }
@@ -245,7 +292,7 @@ static int parse(int argc, char **argv, cli_t *c) {
     usage(stderr);
     return -1;
   }
-  o->lock_cap = c->lock_cap ? c->lock_cap
+  o->lock_cap = c->lock_cap              ? c->lock_cap
                 : o->budget > o->max_buf ? (o->budget - o->max_buf) / (uint64_t)o->threads
                                          : o->budget / (uint64_t)o->threads;
   if (!o->meddle_us) o->meddle_us = 200;
@@ -262,8 +309,9 @@ static int parse(int argc, char **argv, cli_t *c) {
     const char *s = getenv("SPW_STRESS_SEED");
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
-    o->seed = s && *s ? strtoull(s, NULL, 0)
-                      : ((uint64_t)ts.tv_sec * 1000003u) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid();
+    o->seed = s && *s
+                  ? strtoull(s, NULL, 0)
+                  : ((uint64_t)ts.tv_sec * 1000003u) ^ (uint64_t)ts.tv_nsec ^ (uint64_t)getpid();
   }
   return 0;
 }
@@ -302,8 +350,7 @@ static int remove_dir(const char *dir) {
   DIR *d = opendir(dir);
   if (d) {
     for (struct dirent *e; (e = readdir(d));)
-      if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
-        unlinkat(dirfd(d), e->d_name, 0);
+      if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) unlinkat(dirfd(d), e->d_name, 0);
     closedir(d);
   }
   return rmdir(dir);
@@ -350,8 +397,9 @@ static int supervise(int argc, char **argv, const cli_t *c, const char *replay) 
     fprintf(stderr, "spw_stress: could not remove %s: %s\n", dir, strerror(errno));
   if (WIFEXITED(status)) return WEXITSTATUS(status);
   int sig = WIFSIGNALED(status) ? WTERMSIG(status) : 0;
-  fprintf(stderr, "spw_stress: FAIL: the test process died of signal %d (%s), seed %llu\nreplay: %s\n",
-          sig, strsignal(sig), (unsigned long long)c->o.seed, replay);
+  fprintf(stderr,
+          "spw_stress: FAIL: the test process died of signal %d (%s), seed %llu\nreplay: %s\n", sig,
+          strsignal(sig), (unsigned long long)c->o.seed, replay);
   return 128 + sig;
 }
 
@@ -381,16 +429,17 @@ static void progress_line(stress_t *st, double t) {
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
   if (spw_get_stats(st->rt, &s) != SPW_OK) return;
-  printf("[%6.0f s] ops %llu, launch groups %llu, checked %.1f GiB, written %.1f GiB; spills %llu "
-         "(%.1f GiB), unspills %llu, demotions %llu, disk reads %llu (%.1f GiB), failures %llu; "
-         "device %.0f MiB, host %.0f MiB, disk %.0f MiB\n",
-         t, (unsigned long long)ops, (unsigned long long)groups, (double)checked / (double)GiB,
-         (double)written / (double)GiB, (unsigned long long)s.spills,
-         (double)s.spill_bytes / (double)GiB, (unsigned long long)s.unspills,
-         (unsigned long long)s.demotions, (unsigned long long)s.disk_reads,
-         (double)s.disk_read_bytes / (double)GiB, (unsigned long long)s.failures,
-         (double)s.device_bytes / (double)MiB, (double)s.host_bytes / (double)MiB,
-         (double)s.disk_bytes / (double)MiB);
+  printf(
+      "[%6.0f s] ops %llu, launch groups %llu, checked %.1f GiB, written %.1f GiB; spills %llu "
+      "(%.1f GiB), unspills %llu, demotions %llu, disk reads %llu (%.1f GiB), failures %llu; "
+      "device %.0f MiB, host %.0f MiB, disk %.0f MiB\n",
+      t, (unsigned long long)ops, (unsigned long long)groups, (double)checked / (double)GiB,
+      (double)written / (double)GiB, (unsigned long long)s.spills,
+      (double)s.spill_bytes / (double)GiB, (unsigned long long)s.unspills,
+      (unsigned long long)s.demotions, (unsigned long long)s.disk_reads,
+      (double)s.disk_read_bytes / (double)GiB, (unsigned long long)s.failures,
+      (double)s.device_bytes / (double)MiB, (double)s.host_bytes / (double)MiB,
+      (double)s.disk_bytes / (double)MiB);
   fflush(stdout);
 }
 
@@ -448,7 +497,9 @@ static void *watchdog_main(void *arg) {
       }
       if (st->o.meddler) stress_print_history(&st->meddler_hist, "the meddler", 8);
       stress_fail(st, NULL, "hang: %s has made no progress for %.0f s (main thread: %s)",
-                  i < n ? "a worker" : i == n ? "the meddler" : "the main thread",
+                  i < n    ? "a worker"
+                  : i == n ? "the meddler"
+                           : "the main thread",
                   now - since[i], atomic_load(&st->main_phase));
     }
   }
@@ -529,31 +580,31 @@ static void summary(stress_t *st, double elapsed) {
   char stats[1024];
   if (spw_stats_summary(st->rt, stats, sizeof stats) != SPW_OK) snprintf(stats, sizeof stats, "?");
 #define TR(a, b) (unsigned long long)atomic_load(&st->cb_transitions[SPW_STATE_##a][SPW_STATE_##b])
-  printf("spw_stress: PASS seed %llu, %.1f s, %d workers, %s backend: %llu operations (%s); "
-         "launch groups %llu; contents checks %llu (%.1f MiB verified, %.1f MiB written, 0 wrong "
-         "words%s); "
-         "accepted out-of-memory %llu, not-ready %llu, locked %llu; meddler %llu calls (%llu "
-         "freed, %llu locked); controller %llu events (R->H %llu, R->D %llu, H->D %llu, H->R "
-         "%llu, D->R %llu), %llu locked skips, %llu pressure calls naming %llu victims, %llu "
-         "allocated, %llu freed, %llu calls and %llu deadlock checks from callbacks; "
-         "tolerated background errors %llu; stats: %s\n",
-         (unsigned long long)st->o.seed, elapsed, st->nworkers,
-         st->backend == SPW_BACKEND_CUDA ? "cuda" : "host", (unsigned long long)total, ops,
-         (unsigned long long)groups, (unsigned long long)checks, (double)checked / (double)MiB,
-         (double)written / (double)MiB,
-         st->backend == SPW_BACKEND_CUDA ? ", no CUDA error" : "", (unsigned long long)oom, (unsigned long long)not_ready,
-         (unsigned long long)locked, (unsigned long long)st->meddles,
-         (unsigned long long)st->meddle_freed, (unsigned long long)st->meddle_locked,
-         (unsigned long long)atomic_load(&st->cb_events),
-         TR(RESIDENT, HOST), TR(RESIDENT, DISK), TR(HOST, DISK), TR(HOST, RESIDENT),
-         TR(DISK, RESIDENT),
-         (unsigned long long)atomic_load(&st->cb_locked_skips),
-         (unsigned long long)atomic_load(&st->cb_pressure),
-         (unsigned long long)atomic_load(&st->cb_victims),
-         (unsigned long long)atomic_load(&st->cb_allocated),
-         (unsigned long long)atomic_load(&st->cb_freed), (unsigned long long)atomic_load(&st->cb_calls),
-         (unsigned long long)atomic_load(&st->cb_deadlock_checks),
-         (unsigned long long)atomic_load(&st->tolerated), stats);
+  printf(
+      "spw_stress: PASS seed %llu, %.1f s, %d workers, %s backend: %llu operations (%s); "
+      "launch groups %llu; contents checks %llu (%.1f MiB verified, %.1f MiB written, 0 wrong "
+      "words%s); "
+      "accepted out-of-memory %llu, not-ready %llu, locked %llu; meddler %llu calls (%llu "
+      "freed, %llu locked); controller %llu events (R->H %llu, R->D %llu, H->D %llu, H->R "
+      "%llu, D->R %llu), %llu locked skips, %llu pressure calls naming %llu victims, %llu "
+      "allocated, %llu freed, %llu calls and %llu deadlock checks from callbacks; "
+      "tolerated background errors %llu; stats: %s\n",
+      (unsigned long long)st->o.seed, elapsed, st->nworkers,
+      st->backend == SPW_BACKEND_CUDA ? "cuda" : "host", (unsigned long long)total, ops,
+      (unsigned long long)groups, (unsigned long long)checks, (double)checked / (double)MiB,
+      (double)written / (double)MiB, st->backend == SPW_BACKEND_CUDA ? ", no CUDA error" : "",
+      (unsigned long long)oom, (unsigned long long)not_ready, (unsigned long long)locked,
+      (unsigned long long)st->meddles, (unsigned long long)st->meddle_freed,
+      (unsigned long long)st->meddle_locked, (unsigned long long)atomic_load(&st->cb_events),
+      TR(RESIDENT, HOST), TR(RESIDENT, DISK), TR(HOST, DISK), TR(HOST, RESIDENT),
+      TR(DISK, RESIDENT), (unsigned long long)atomic_load(&st->cb_locked_skips),
+      (unsigned long long)atomic_load(&st->cb_pressure),
+      (unsigned long long)atomic_load(&st->cb_victims),
+      (unsigned long long)atomic_load(&st->cb_allocated),
+      (unsigned long long)atomic_load(&st->cb_freed),
+      (unsigned long long)atomic_load(&st->cb_calls),
+      (unsigned long long)atomic_load(&st->cb_deadlock_checks),
+      (unsigned long long)atomic_load(&st->tolerated), stats);
 #undef TR
 }
 
@@ -574,8 +625,9 @@ static void check_empty(stress_t *st) {
                 (unsigned long long)s.locked_bytes);
   /* the probe's spill to disk is the only move before the run */
   if (st->o.sanity && (s.spills > 1 || s.demotions || s.disk_writes > 1))
-    stress_fail(st, NULL, "--sanity: the budget leaves room for everything, yet %llu spills, %llu "
-                          "demotions and %llu disk writes happened",
+    stress_fail(st, NULL,
+                "--sanity: the budget leaves room for everything, yet %llu spills, %llu "
+                "demotions and %llu disk writes happened",
                 (unsigned long long)s.spills, (unsigned long long)s.demotions,
                 (unsigned long long)s.disk_writes);
   if (st->backend == SPW_BACKEND_HOST)
@@ -583,7 +635,8 @@ static void check_empty(stress_t *st) {
       worker_t *w = &st->workers[i];
       if (atomic_load(&w->host_checks) != w->checks)
         stress_fail(st, w, "%llu contents checks were enqueued, %llu ran",
-                    (unsigned long long)w->checks, (unsigned long long)atomic_load(&w->host_checks));
+                    (unsigned long long)w->checks,
+                    (unsigned long long)atomic_load(&w->host_checks));
     }
 }
 

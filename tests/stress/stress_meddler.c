@@ -47,8 +47,8 @@ static uint64_t cb_rng(stress_t *st) {
 
 static void cb_fail_status(stress_t *st, const char *call, int rc, unsigned acc) {
   if (rc <= 0 && rc > -32 && (acc & (1u << (unsigned)(-rc)))) return;
-  stress_fail(st, NULL, "inside a controller callback, %s returned %s (%s)", call,
-              spw_err_name(rc), spw_strerror(rc));
+  stress_fail(st, NULL, "inside a controller callback, %s returned %s (%s)", call, spw_err_name(rc),
+              spw_strerror(rc));
 }
 
 /* What a callback may do: spill and prefetch anything, and be refused a wait. */
@@ -60,7 +60,8 @@ static void cb_meddle(stress_t *st) {
     spw_buf_t h = stress_any_handle(st, &rng, 8);
     if (!h) break;
     atomic_fetch_add(&st->cb_calls, 1);
-    cb_fail_status(st, "spw_spill", spw_spill(st->rt, h, (r >> 8) & 1 ? SPW_TIER_HOST : SPW_TIER_DISK),
+    cb_fail_status(st, "spw_spill",
+                   spw_spill(st->rt, h, (r >> 8) & 1 ? SPW_TIER_HOST : SPW_TIER_DISK),
                    ACC(OK) | ACC(ERR_LOCKED) | ACC(ERR_FREED));
     break;
   }
@@ -78,8 +79,8 @@ static void cb_meddle(stress_t *st) {
     break;
   case 3:
     atomic_fetch_add(&st->cb_deadlock_checks, 1);
-    cb_fail_status(st, "spw_stream_synchronize",
-                   spw_stream_synchronize(st->rt, st->meddler_stream), ACC(ERR_WOULD_DEADLOCK));
+    cb_fail_status(st, "spw_stream_synchronize", spw_stream_synchronize(st->rt, st->meddler_stream),
+                   ACC(ERR_WOULD_DEADLOCK));
     break;
   case 4: {
     spw_stats_t s;
@@ -88,8 +89,7 @@ static void cb_meddle(stress_t *st) {
     cb_fail_status(st, "spw_get_stats", spw_get_stats(st->rt, &s), ACC(OK));
     break;
   }
-  default:
-    break;
+  default: break;
   }
 }
 
@@ -181,7 +181,8 @@ static void meddle_expect(stress_t *st, const char *call, int rc, unsigned acc, 
   if (rc == SPW_ERR_FREED) st->meddle_freed++;
   if (rc == SPW_ERR_LOCKED) st->meddle_locked++;
   if (rc <= 0 && rc > -32 && (acc & (1u << (unsigned)(-rc)))) {
-    if (rc != SPW_OK && (st->o.tolerate_async & (1u << (unsigned)(-rc)))) atomic_fetch_add(&st->tolerated, 1);
+    if (rc != SPW_OK && (st->o.tolerate_async & (1u << (unsigned)(-rc))))
+      atomic_fetch_add(&st->tolerated, 1);
     return;
   }
   char of[48] = "";
@@ -201,8 +202,8 @@ static void meddle_once(stress_t *st) {
     if (r < 10) {
       spw_tier_t tier = r < 5 ? SPW_TIER_HOST : SPW_TIER_DISK;
       rc = spw_spill(st->rt, h, tier);
-      stress_note(&st->meddler_hist, r < 5 ? OP_SPILL_HOST : OP_SPILL_DISK, rc, -1, 0, h, 0, 0,
-                  0, 1);
+      stress_note(&st->meddler_hist, r < 5 ? OP_SPILL_HOST : OP_SPILL_DISK, rc, -1, 0, h, 0, 0, 0,
+                  1);
       meddle_expect(st, tier == SPW_TIER_HOST ? "spw_spill(HOST)" : "spw_spill(DISK)", rc,
                     ACC(OK) | ACC(ERR_LOCKED) | ACC(ERR_FREED), h);
     } else {

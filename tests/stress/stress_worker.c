@@ -55,9 +55,7 @@ static void settle(worker_t *w, mbuf_t *b) {
   }
 }
 
-static void remember_dead(worker_t *w, spw_buf_t h) {
-  w->dead[w->ndead++ % STRESS_LOCAL_DEAD] = h;
-}
+static void remember_dead(worker_t *w, spw_buf_t h) { w->dead[w->ndead++ % STRESS_LOCAL_DEAD] = h; }
 
 /* Zombies whose locks are all gone are simply dead. */
 static void bury_zombies(worker_t *w) {
@@ -203,7 +201,8 @@ static void retire_all(worker_t *w, bool exact) {
   for (size_t i = 0; i < w->nlive; i++)
     if (pending_total(&w->live[i]) > 0 || exact) retire(w, &w->live[i], exact);
   if (exact) { /* zombies cannot be queried, but their pending releases have run too */
-    for (size_t i = 0; i < w->nzombies; i++) memset(w->zombies[i].pending, 0, sizeof w->zombies[i].pending);
+    for (size_t i = 0; i < w->nzombies; i++)
+      memset(w->zombies[i].pending, 0, sizeof w->zombies[i].pending);
     bury_zombies(w);
   }
 }
@@ -263,8 +262,11 @@ static bool acquire_one(worker_t *w, size_t idx, int s, unsigned flags) {
   if (held_before == 0 && !(flags & SPW_ACQUIRE_TRY) && peak > st->o.budget)
     acc |= ACC(ERR_OUT_OF_MEMORY);
   if (held_before == 0 && (flags & SPW_ACQUIRE_TRY)) acc |= ACC(ERR_NOT_READY);
-  note(w, (flags & SPW_ACQUIRE_TRY) ? OP_ACQUIRE_TRY
-          : (flags & SPW_ACQUIRE_READ) ? OP_ACQUIRE_READ : OP_ACQUIRE, rc, s, flags, b, 0);
+  note(w,
+       (flags & SPW_ACQUIRE_TRY)    ? OP_ACQUIRE_TRY
+       : (flags & SPW_ACQUIRE_READ) ? OP_ACQUIRE_READ
+                                    : OP_ACQUIRE,
+       rc, s, flags, b, 0);
   stress_expect(st, w, "spw_acquire", rc, acc, b);
   if (rc != SPW_OK) {
     if (rc == SPW_ERR_OUT_OF_MEMORY) w->oom_accepted++;
@@ -272,8 +274,9 @@ static bool acquire_one(worker_t *w, size_t idx, int s, unsigned flags) {
     settle(w, b);
     return false;
   }
-  if (!d) stress_fail(st, w, "spw_acquire of buf %#llx returned SPW_OK and a NULL pointer",
-                      (unsigned long long)b->h);
+  if (!d)
+    stress_fail(st, w, "spw_acquire of buf %#llx returned SPW_OK and a NULL pointer",
+                (unsigned long long)b->h);
   if (held_before > 0 && d != b->dptr)
     stress_fail(st, w, "buf %#llx (id %llu) moved while locked: %p, then %p",
                 (unsigned long long)b->h, (unsigned long long)b->id, b->dptr, d);
@@ -288,20 +291,11 @@ static void end_group(worker_t *w, mbuf_t **bs, size_t n, int s) {
   switch (stress_below(&w->rng, 8)) {
   case 0:
   case 1:
-  case 2:
-    do_release_n_async(w, bs, n, s);
-    break;
-  case 3:
-    do_release_async(w, s);
-    break;
-  case 4:
-    do_sync(w, s);
-    break;
-  case 5:
-    do_release_one(w, bs[0], s, false);
-    break;
-  default:
-    break; /* held, for a later release */
+  case 2: do_release_n_async(w, bs, n, s); break;
+  case 3: do_release_async(w, s); break;
+  case 4: do_sync(w, s); break;
+  case 5: do_release_one(w, bs[0], s, false); break;
+  default: break; /* held, for a later release */
   }
 }
 
@@ -325,7 +319,7 @@ static void op_acquire_n(worker_t *w) {
   uint64_t new_bytes = 0;
   for (size_t k = 0; k < want; k++) {
     size_t i = (n > 0 && stress_below(&w->rng, 4) == 0) ? idx[stress_below(&w->rng, n)]
-                                                         : stress_below(&w->rng, w->nlive);
+                                                        : stress_below(&w->rng, w->nlive);
     bool seen = false;
     for (size_t j = 0; j < n; j++) seen |= idx[j] == i;
     uint64_t extra = (seen || w->live[i].counted) ? 0 : w->live[i].size;
@@ -387,8 +381,8 @@ static void op_acquire_n(worker_t *w) {
 
 static size_t pick_size(worker_t *w) {
   const stress_options_t *o = &w->st->o;
-  static const size_t odd[] = {1, 7, 8, 255, 4095, 4096, 4097, 12345, 65535, 65536, 65537,
-                               262144 + 3, 524288, 524289, 1048576 - 1};
+  static const size_t odd[] = {1,     7,     8,     255,        4095,   4096,   4097,       12345,
+                               65535, 65536, 65537, 262144 + 3, 524288, 524289, 1048576 - 1};
   uint64_t r = stress_below(&w->rng, 16), size;
   if (r < 4) {
     size = odd[stress_below(&w->rng, sizeof odd / sizeof odd[0])];
@@ -486,8 +480,10 @@ static void op_free_pending(worker_t *w) {
   if (!w->live[idx].counted) make_lock_room(w, w->live[idx].size);
   if (acquire_one(w, idx, s, 0)) {
     mbuf_t *b = &w->live[idx];
-    if (stress_below(&w->rng, 2)) do_release_n_async(w, &b, 1, s);
-    else do_release_async(w, s);
+    if (stress_below(&w->rng, 2))
+      do_release_n_async(w, &b, 1, s);
+    else
+      do_release_async(w, s);
   }
   free_at(w, idx, OP_FREE_PENDING);
 }
@@ -513,8 +509,9 @@ static void op_spill(worker_t *w, spw_tier_t tier) {
   stress_t *st = w->st;
   if (w->nlive == 0) return;
   mbuf_t *b = &w->live[stress_below(&w->rng, w->nlive)];
-  unsigned acc = held_total(b) > 0 ? ACC(ERR_LOCKED)
-                 : pending_total(b) > 0 ? ACC(OK) | ACC(ERR_LOCKED) : ACC(OK);
+  unsigned acc = held_total(b) > 0      ? ACC(ERR_LOCKED)
+                 : pending_total(b) > 0 ? ACC(OK) | ACC(ERR_LOCKED)
+                                        : ACC(OK);
   int rc = spw_spill(st->rt, b->h, tier);
   note(w, tier == SPW_TIER_HOST ? OP_SPILL_HOST : OP_SPILL_DISK, rc, -1, 0, b, 0);
   stress_expect(st, w, tier == SPW_TIER_HOST ? "spw_spill(HOST)" : "spw_spill(DISK)", rc, acc, b);
@@ -640,8 +637,10 @@ static void op_dead_handle(worker_t *w) {
   bool zombie = w->nzombies > 0 && (known == 0 || stress_below(&w->rng, 2) == 0);
   if (!zombie && known == 0) return;
   mbuf_t zb = {0};
-  if (zombie) zb = w->zombies[stress_below(&w->rng, w->nzombies)];
-  else zb.h = w->dead[stress_below(&w->rng, known)];
+  if (zombie)
+    zb = w->zombies[stress_below(&w->rng, w->nzombies)];
+  else
+    zb.h = w->dead[stress_below(&w->rng, known)];
   spw_buf_t h = zb.h;
   int s = pick_stream(w);
   int rc;
@@ -674,10 +673,10 @@ static void op_dead_handle(worker_t *w) {
      * Only a buffer with a held lock left is sure to linger. */
     rc = spw_release(st->rt, h, stream_of(w, s));
     note(w, OP_DEAD_HANDLE, rc, s, 4, &zb, 0);
-    stress_expect(st, w, "spw_release of a freed handle by a stream without a lock on it", rc,
-                  zombie && held_total(&zb) > 0 ? ACC(ERR_NOT_LOCKED)
-                                                : ACC(ERR_FREED) | ACC(ERR_NOT_LOCKED),
-                  &zb);
+    stress_expect(
+        st, w, "spw_release of a freed handle by a stream without a lock on it", rc,
+        zombie && held_total(&zb) > 0 ? ACC(ERR_NOT_LOCKED) : ACC(ERR_FREED) | ACC(ERR_NOT_LOCKED),
+        &zb);
     break;
   case 5: { /* all or nothing: a dead handle among live ones takes no lock */
     if (w->nlive == 0) break;
@@ -714,7 +713,8 @@ static void op_dead_handle(worker_t *w) {
     rc = spill ? spw_spill_n(st->rt, hs, n + 1, SPW_TIER_HOST)
                : spw_prefetch_n(st->rt, hs, n + 1, stream_of(w, s));
     note(w, OP_DEAD_HANDLE, rc, s, spill ? 6 : 7, &zb, (unsigned)n + 1);
-    stress_expect(st, w, spill ? "spw_spill_n with a freed handle" : "spw_prefetch_n with a freed handle",
+    stress_expect(st, w,
+                  spill ? "spw_spill_n with a freed handle" : "spw_prefetch_n with a freed handle",
                   rc, ACC(ERR_FREED), &zb);
     break;
   }
@@ -737,7 +737,8 @@ static void op_bad_input(worker_t *w) {
   case 1:
     rc = spw_alloc(st->rt, st->o.budget + 1, stream_of(w, s), &h);
     note(w, OP_BAD_INPUT, rc, s, 1, NULL, 0);
-    stress_expect(st, w, "spw_alloc of more than the device limit", rc, ACC(ERR_OUT_OF_MEMORY), NULL);
+    stress_expect(st, w, "spw_alloc of more than the device limit", rc, ACC(ERR_OUT_OF_MEMORY),
+                  NULL);
     break;
   case 2: { /* a release by a stream that holds no lock on the buffer */
     if (w->nlive == 0) break;
@@ -758,8 +759,8 @@ static void op_bad_input(worker_t *w) {
     for (size_t k = 0; k < n; k++) hs[k] = b->h;
     rc = spw_release_n_async(st->rt, hs, n, stream_of(w, s));
     note(w, OP_BAD_INPUT, rc, s, 3, b, (unsigned)n);
-    stress_expect(st, w, "spw_release_n_async of one lock more than held", rc,
-                  ACC(ERR_NOT_LOCKED), b);
+    stress_expect(st, w, "spw_release_n_async of one lock more than held", rc, ACC(ERR_NOT_LOCKED),
+                  b);
     retire(w, b, false); /* nothing changed: the held locks are still counted */
     break;
   }
@@ -822,8 +823,8 @@ enum { OP_FREE_EARLY = OP_COUNT };
 static void run_op(worker_t *w, int op) {
   /* The live data stays between 3/4 of --live and --live, so the tiers stay full: below,
    * a free becomes an allocation (above, op_alloc frees instead). */
-  bool is_free = op == OP_FREE || op == OP_FREE_LOCKED || op == OP_FREE_PENDING ||
-                 op == OP_FREE_SPILLING;
+  bool is_free =
+      op == OP_FREE || op == OP_FREE_LOCKED || op == OP_FREE_PENDING || op == OP_FREE_SPILLING;
   if (is_free && w->live_bytes < w->st->o.live / 4 * 3) op = OP_FREE_EARLY;
   switch (op) {
   case OP_ALLOC: op_alloc(w); break;
@@ -903,8 +904,9 @@ static void finish(worker_t *w) {
     /* Other workers may still be running their last operations: out of memory is accepted
      * under the same rule as always, and the check is tried again. */
     for (int tries = 0; !acquire_one(w, i, 0, SPW_ACQUIRE_READ); tries++) {
-      if (tries > 1000) stress_fail(st, w, "the final check of buf %#llx never got a lock",
-                                   (unsigned long long)w->live[i].h);
+      if (tries > 1000)
+        stress_fail(st, w, "the final check of buf %#llx never got a lock",
+                    (unsigned long long)w->live[i].h);
       do_sync(w, 0);
       nanosleep(&(struct timespec){0, 1000000}, NULL);
     }
