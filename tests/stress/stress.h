@@ -199,12 +199,13 @@ struct stress {
   _Atomic uint64_t meddler_heartbeat;
   atomic_int meddler_phase;
   int meddler_tracker;
+  int run_tracker; /* the whole run: for failed moves reported to the controller */
   uint64_t meddles, meddle_freed, meddle_locked, meddle_oom;
   /* the controller */
   atomic_int controller_kind;
   _Atomic uint64_t tolerated; /* background errors let through by --tolerate-async */
-  _Atomic uint64_t cb_seq, cb_allocated, cb_freed, cb_events, cb_locked_skips, cb_pressure,
-      cb_victims, cb_calls, cb_deadlock_checks;
+  _Atomic uint64_t cb_seq, cb_allocated, cb_freed, cb_events, cb_locked_skips, cb_oom_events,
+      cb_pressure, cb_victims, cb_calls, cb_deadlock_checks;
   _Atomic uint64_t cb_transitions[7][7];
   /* the main thread, for the watchdog */
   _Atomic uint64_t main_heartbeat;

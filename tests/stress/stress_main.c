@@ -551,6 +551,7 @@ static int setup_workers(stress_t *st) {
     if (stress_data_init(w) != 0) return -1;
   }
   st->meddler_tracker = 2 * st->nworkers;
+  st->run_tracker = 2 * st->nworkers + 2;
   st->meddler_rng = st->o.seed ^ 0x6D6564646C6572ull;
   return 0;
 }
@@ -586,7 +587,8 @@ static void summary(stress_t *st, double elapsed) {
       "words%s); "
       "accepted out-of-memory %llu, not-ready %llu, locked %llu; meddler %llu calls (%llu "
       "freed, %llu locked); controller %llu events (R->H %llu, R->D %llu, H->D %llu, H->R "
-      "%llu, D->R %llu), %llu locked skips, %llu pressure calls naming %llu victims, %llu "
+      "%llu, D->R %llu), %llu locked skips, %llu out-of-memory prefetches, %llu pressure "
+      "calls naming %llu victims, %llu "
       "allocated, %llu freed, %llu calls and %llu deadlock checks from callbacks; "
       "tolerated background errors %llu; stats: %s\n",
       (unsigned long long)st->o.seed, elapsed, st->nworkers,
@@ -598,6 +600,7 @@ static void summary(stress_t *st, double elapsed) {
       (unsigned long long)st->meddle_locked, (unsigned long long)atomic_load(&st->cb_events),
       TR(RESIDENT, HOST), TR(RESIDENT, DISK), TR(HOST, DISK), TR(HOST, RESIDENT),
       TR(DISK, RESIDENT), (unsigned long long)atomic_load(&st->cb_locked_skips),
+      (unsigned long long)atomic_load(&st->cb_oom_events),
       (unsigned long long)atomic_load(&st->cb_pressure),
       (unsigned long long)atomic_load(&st->cb_victims),
       (unsigned long long)atomic_load(&st->cb_allocated),
@@ -678,6 +681,7 @@ static int run(stress_t *st) {
   if (setup_workers(st) != 0) stress_fail(st, NULL, "worker setup failed");
   stress_controller_set(st, NULL, o->controller ? 1 : 0);
   stress_tracker_begin(st, st->meddler_tracker + 1);
+  stress_tracker_begin(st, st->run_tracker);
 
   watch_t wd = {st, 0};
   st->t0 = stress_now();

@@ -124,6 +124,11 @@ static void cb_state(void *user, const spw_state_event_t *e) {
   atomic_fetch_add(&st->cb_events, 1);
   if (e->status == SPW_ERR_LOCKED && e->from == SPW_STATE_RESIDENT && e->to == SPW_STATE_RESIDENT) {
     atomic_fetch_add(&st->cb_locked_skips, 1);
+  } else if (e->status == SPW_ERR_OUT_OF_MEMORY && e->from == e->to &&
+             (stress_async_accept(st, st->run_tracker) & ACC(ERR_OUT_OF_MEMORY))) {
+    /* a failed prefetch, reported like every failed move: legitimate only when the device
+     * was locked to within less than the largest buffer at some moment of the run */
+    atomic_fetch_add(&st->cb_oom_events, 1);
   } else if (e->status != SPW_OK && e->status > -32 && e->from == e->to &&
              (st->o.tolerate_async & (1u << (unsigned)(-e->status)))) {
     atomic_fetch_add(&st->tolerated, 1);
