@@ -13,6 +13,7 @@
 
 typedef struct item {
   spw_bevent_t *ev;
+  int owned;         /* ev is ours (from the pool), recorded on `stream` */
   spw_stream_t stream;
   spw_completion_fn fn;
   void *arg;
@@ -37,8 +38,19 @@ struct spw_completions {
 /* Runs a finished item and gives its event back. */
 static void finish(spw_completions_t *c, item_t *it, int status) {
   it->fn(it->arg, status);
-  spw__event_put(c->events, it->ev);
+  if (it->owned) spw__event_put(c->events, it->ev);
   free(it);
+}
+
+static void enqueue(spw_completions_t *c, item_t *it) {
+  it->next = NULL;
+  pthread_mutex_lock(&c->mu);
+  it->seq = ++c->submitted;
+  if (c->tail) c->tail->next = it;
+  else c->head = it;
+  c->tail = it;
+  pthread_cond_signal(&c->cv);
+  pthread_mutex_unlock(&c->mu);
 }
 
 static void *poller(void *arg) {
@@ -143,17 +155,20 @@ int spw__completions_after(spw_completions_t *c, spw_stream_t bstream, spw_compl
     free(it);
     return s;
   }
+  it->owned = 1;
   it->fn = fn;
   it->arg = arg;
   it->stream = bstream;
-  it->next = NULL;
-  pthread_mutex_lock(&c->mu);
-  it->seq = ++c->submitted;
-  if (c->tail) c->tail->next = it;
-  else c->head = it;
-  c->tail = it;
-  pthread_cond_signal(&c->cv);
-  pthread_mutex_unlock(&c->mu);
+  enqueue(c, it);
+  return SPW_OK;
+}
+
+int spw__completions_after_event(spw_completions_t *c, spw_bevent_t *ev, spw_completion_fn fn,
+                                 void *arg) {
+  item_t *it = malloc(sizeof *it);
+  if (!it) return SPW_ERR_SYSTEM;
+  *it = (item_t){.ev = ev, .owned = 0, .fn = fn, .arg = arg};
+  enqueue(c, it);
   return SPW_OK;
 }
 
@@ -193,7 +208,7 @@ void spw__completions_flush_stream(spw_completions_t *c, spw_stream_t bstream) {
   item_t **link = &c->head, *last = NULL;
   while (*link) {
     item_t *it = *link;
-    if (it->stream == bstream) {
+    if (it->owned && it->stream == bstream) {
       *link = it->next;
       it->next = mine;
       mine = it;

@@ -29,6 +29,11 @@ void spw__completions_stop(spw_completions_t *c);
  * is never called. */
 int spw__completions_after(spw_completions_t *c, spw_stream_t stream, spw_completion_fn fn,
                            void *arg);
+/* fn(arg, status) runs once `ev`, already recorded by the caller, has completed. The event
+ * stays the caller's and must outlive the item; recording it again before then only makes
+ * fn run later. On error fn is never called. */
+int spw__completions_after_event(spw_completions_t *c, spw_bevent_t *ev, spw_completion_fn fn,
+                                 void *arg);
 /* Runs now what is pending for `stream`, which the caller has just synchronized (so its
  * events are complete): a synchronize releases the locks of an earlier release_async too. */
 void spw__completions_flush_stream(spw_completions_t *c, spw_stream_t stream);

@@ -189,6 +189,18 @@ void spw__dpool_free_after(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t
   spw__dpool_free(p, ptr, bytes, stream);
 }
 
+void spw__dpool_free_after_event(spw_dpool_t *p, void *ptr, size_t bytes, spw_bevent_t *ev) {
+  if (!ptr) return;
+  deferred_t *d = malloc(sizeof *d);
+  if (d) {
+    *d = (deferred_t){p, ptr, bytes};
+    if (spw__completions_after_event(p->p.completions, ev, free_deferred, d) == SPW_OK) return;
+    free(d);
+  }
+  p->p.ops->event_sync(p->p.be, ev); /* cannot defer: wait, then free */
+  spw__dpool_free(p, ptr, bytes, p->p.null_stream);
+}
+
 uint64_t spw__dpool_trim(spw_dpool_t *p) {
   uint64_t released = 0;
   pthread_mutex_lock(&p->mu);

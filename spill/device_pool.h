@@ -35,6 +35,8 @@ int spw__dpool_alloc(spw_dpool_t *p, size_t bytes, spw_stream_t stream, void **o
 void spw__dpool_free(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream);
 /* Returns memory once the work enqueued so far on `stream` has completed. */
 void spw__dpool_free_after(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream);
+/* Returns memory once `ev` (recorded by the caller; it must outlive the wait) completes. */
+void spw__dpool_free_after_event(spw_dpool_t *p, void *ptr, size_t bytes, spw_bevent_t *ev);
 /* Gives entirely free slabs back to the device; returns the bytes released. */
 uint64_t spw__dpool_trim(spw_dpool_t *p);
 

@@ -36,6 +36,7 @@ int spw_acquire_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, spw_stream
   void **ptrs = n <= 16 ? stack_ptrs : malloc(n * sizeof *ptrs);
   if (!ptrs) return SPW_ERR_SYSTEM;
   size_t locked = 0, pushed = 0;
+  spw__lock_n_prepare(rt, bufs, n, flags);
   for (; locked < n; locked++) {
     st = spw__lock(rt, bufs[locked], e->bstream, flags, &ptrs[locked]);
     if (st != SPW_OK) break;

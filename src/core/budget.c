@@ -28,6 +28,8 @@
 /* How long a reservation waits for room that is on its way before calling the device full:
  * a safety net only, since every transient state ends. */
 #define NO_PROGRESS_WAIT_NS 10000000000ull
+/* How long an allocation the device refused waits for deferred frees to land. */
+#define FREES_LAND_NS 100000000ull
 /* One wait for room: spills in flight commit and broadcast. */
 #define ROOM_WAIT_NS 5000000ull
 
@@ -170,10 +172,11 @@ int spw__device_get(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64
     st = spw__dpool_alloc(rt->dpool, bytes, stream, out);
     if (st != SPW_ERR_OUT_OF_MEMORY) break;
     /* The device refused although the budget allowed it (fragmentation, another process,
-     * cached pool memory, frees still queued on the engine's streams): let the queued frees
-     * land, make room, give cached memory back, then retry. */
+     * cached pool memory, frees still queued behind streams or events): let the queued
+     * frees land, make room, give cached memory back, then retry. */
     rt->ops->stream_sync(rt->be, spw__d2h(rt));
     rt->ops->stream_sync(rt->be, spw__h2d(rt));
+    spw__completions_drain_for(rt->completions, FREES_LAND_NS);
     uint64_t moved = attempt == 0 ? 0 : spw__spill_lru(rt, bytes, SPW_SPILL_ON_DEMAND, NULL);
     spw__dpool_trim(rt->dpool);
     rt->ops->trim(rt->be);
@@ -190,12 +193,12 @@ int spw__device_get(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64
   return st;
 }
 
-void spw__device_free(spw_runtime_t *rt, void *ptr, size_t bytes, spw_stream_t after) {
-  if (after) spw__dpool_free_after(rt->dpool, ptr, bytes, after);
+void spw__device_free(spw_runtime_t *rt, void *ptr, size_t bytes, spw_bevent_t *after) {
+  if (after) spw__dpool_free_after_event(rt->dpool, ptr, bytes, after);
   else spw__dpool_free(rt->dpool, ptr, bytes, spw__d2h(rt));
 }
 
-void spw__device_put(spw_runtime_t *rt, void *ptr, size_t bytes, spw_stream_t after) {
+void spw__device_put(spw_runtime_t *rt, void *ptr, size_t bytes, spw_bevent_t *after) {
   spw__device_free(rt, ptr, bytes, after);
   spw__budget_credit(rt, bytes);
 }

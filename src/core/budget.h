@@ -15,6 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "backend.h"
 #include "spillway/spillway.h"
 
 typedef struct spw_budget {
@@ -46,12 +47,12 @@ void spw__budget_spill_ended(spw_runtime_t *rt, uint64_t freed, uint64_t ended);
  * back on failure. Errors as spw__budget_reserve, plus the backend's. */
 int spw__device_get(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
                     void **out);
-/* Returns device memory: at once when no work can touch it, or, with `after` non-NULL, once
- * the work enqueued on `after` so far has completed. spw__device_put also credits its
+/* Returns device memory: at once when no work can touch it, or, with `after` non-NULL,
+ * once that event (recorded by the caller) has completed. spw__device_put also credits its
  * reservation (at once: the memory is on its way back); spw__device_free leaves that to
  * the caller, who credits a whole batch with one spw__budget_credit. */
-void spw__device_free(spw_runtime_t *rt, void *ptr, size_t bytes, spw_stream_t after);
-void spw__device_put(spw_runtime_t *rt, void *ptr, size_t bytes, spw_stream_t after);
+void spw__device_free(spw_runtime_t *rt, void *ptr, size_t bytes, spw_bevent_t *after);
+void spw__device_put(spw_runtime_t *rt, void *ptr, size_t bytes, spw_bevent_t *after);
 
 /* Bytes of device memory held by locked buffers (a scan of the slots). */
 uint64_t spw__locked_device_bytes(spw_runtime_t *rt);

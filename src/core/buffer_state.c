@@ -85,14 +85,14 @@ static void account(spw_runtime_t *rt, uint32_t from, uint32_t to, uint64_t size
 
 /* ---- releasing placements -------------------------------------------------------------- */
 
-uint64_t spw__place_release(spw_runtime_t *rt, spw_place_t *p, size_t size, spw_stream_t after) {
+uint64_t spw__place_release(spw_runtime_t *rt, spw_place_t *p, size_t size, spw_bevent_t *after) {
   uint64_t device = 0;
   if (p->dptr) {
     spw__device_free(rt, p->dptr, size, after);
     device = size;
   }
   if (p->host.ptr) {
-    if (after) spw__host_extent_free_after(rt, &p->host, after);
+    if (after) spw__host_extent_free_after_event(rt, &p->host, after);
     else spw__arena_free(rt->arena, &p->host);
   }
   if (p->disk.bytes) spw__disk_free(rt->disk, &p->disk);
@@ -101,7 +101,7 @@ uint64_t spw__place_release(spw_runtime_t *rt, spw_place_t *p, size_t size, spw_
 }
 
 void spw__slot_drop_clean(spw_runtime_t *rt, spw_slot_t *s, int copy_may_read) {
-  if (copy_may_read) spw__host_extent_free_after(rt, &s->host, spw__h2d(rt));
+  if (copy_may_read) spw__host_extent_free_after_event(rt, &s->host, s->ready);
   else spw__arena_free(rt->arena, &s->host);
 }
 
@@ -134,11 +134,12 @@ void spw__slot_finish_free(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, uint32
   s->disk = (spw_disk_extent_t){0};
   account(rt, tier_state, SPW_SLOT_UNUSED, size);
   check_change(w, spw__w_make(0, SPW_SLOT_UNUSED, 0, 0));
+  /* An unspill copy may still be landing in the device memory and reading the host
+   * extent: both go back behind it (`ready` stays with the slot, which outlives the wait). */
+  spw_bevent_t *after = (w & SPW_W_WAIT) ? s->ready : NULL;
   spw__handles_release(&rt->handles, s, spw__handle_index(h));
   pthread_mutex_unlock(&s->mu);
-  /* An unspill copy may still be landing in the device memory and reading the host
-   * extent: both go back behind the upload stream. */
-  uint64_t device = spw__place_release(rt, &p, size, (w & SPW_W_WAIT) ? spw__h2d(rt) : NULL);
+  uint64_t device = spw__place_release(rt, &p, size, after);
   if (device) spw__budget_credit(rt, device);
 }
 

@@ -116,14 +116,15 @@ spw_move_end_t spw__move_abort(spw_runtime_t *rt, const spw_move_t *m, uint64_t 
  * may have enqueued from the buffer, so the acquirer's writes never race with them. */
 int spw__move_abandon(spw_runtime_t *rt, spw_slot_t *s, spw_stream_t stream);
 
-/* Frees what `place` holds: device memory and host extents at once, or behind `after` when
- * non-NULL; disk extents at once. Empties it and returns the device bytes released, which
- * the caller credits to the budget (spw__budget_credit, once for a whole batch). */
+/* Frees what `place` holds: device memory and host extents at once, or once `after` (an
+ * event already recorded, that outlives the wait: a slot's `ready`) has completed; disk
+ * extents at once. Empties it and returns the device bytes released, which the caller
+ * credits to the budget (spw__budget_credit, once for a whole batch). */
 uint64_t spw__place_release(spw_runtime_t *rt, spw_place_t *place, size_t size,
-                            spw_stream_t after);
+                            spw_bevent_t *after);
 
 /* Drops the clean host copy of a RESIDENT buffer (slot mutex held): a writable acquire
- * makes it stale. Behind the upload stream if an unspill copy may still read it. */
+ * makes it stale. Behind the slot's `ready` if an unspill copy may still read it. */
 void spw__slot_drop_clean(spw_runtime_t *rt, spw_slot_t *s, int copy_may_read);
 
 /* spw_alloc: a new RESIDENT buffer of `bytes` on device memory from spw__device_get on

@@ -34,8 +34,8 @@ int spw__spill_to_disk(spw_runtime_t *rt, spw_victim_t *v, spw_spill_reason_t wh
   if (st == SPW_OK) {
     spw_place_t to = {.disk = de};
     v->end = spw__move_commit(rt, m, &to, 0, 0, &release);
-    /* The chunks' copies have completed; a clean host copy may still feed a landing copy. */
-    freed = spw__place_release(rt, &release, m->size, (m->flags & SPW_W_WAIT) ? spw__h2d(rt) : NULL);
+    /* The chunks' copies have completed, and the landing copy too (waited for above). */
+    freed = spw__place_release(rt, &release, m->size, NULL);
   } else {
     v->end = spw__move_abort(rt, m, 0); /* a stop by the guard: abandoned */
   }
@@ -78,8 +78,8 @@ int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim) {
   if (st == SPW_OK) {
     spw_place_t to = {.disk = de}, release;
     end = spw__move_commit(rt, &m, &to, 0, 0, &release);
-    /* WAIT on a HOST buffer: a failed or clean unspill copy may still read the extent. */
-    spw__place_release(rt, &release, m.size, (m.flags & SPW_W_WAIT) ? spw__h2d(rt) : NULL);
+    /* WAIT on a HOST buffer: a clean victim's landing copy may still read the extent. */
+    spw__place_release(rt, &release, m.size, (m.flags & SPW_W_WAIT) ? s->ready : NULL);
   } else {
     end = spw__move_abort(rt, &m, 0);
   }

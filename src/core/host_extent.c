@@ -20,22 +20,35 @@ static void free_deferred(void *arg, int status) {
   free(d);
 }
 
-void spw__host_extent_free_after(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream) {
+/* Defers the free of `e` behind a stream or an event (one of them NULL). */
+static void free_later(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream,
+                       spw_bevent_t *ev) {
   if (!e->ptr) return;
   deferred_extent_t *d = malloc(sizeof *d);
   if (d) {
     *d = (deferred_extent_t){rt, *e};
     atomic_fetch_add(&rt->c.host_deferred, e->bytes);
-    if (spw__completions_after(rt->completions, stream, free_deferred, d) == SPW_OK) {
+    int st = ev ? spw__completions_after_event(rt->completions, ev, free_deferred, d)
+                : spw__completions_after(rt->completions, stream, free_deferred, d);
+    if (st == SPW_OK) {
       *e = (spw_host_extent_t){0};
       return;
     }
     atomic_fetch_sub(&rt->c.host_deferred, e->bytes);
     free(d);
   }
-  /* No way to defer: wait for the stream, then free (correct, only slower). */
-  rt->ops->stream_sync(rt->be, stream);
+  /* No way to defer: wait, then free (correct, only slower). */
+  if (ev) rt->ops->event_sync(rt->be, ev);
+  else rt->ops->stream_sync(rt->be, stream);
   spw__arena_free(rt->arena, e);
+}
+
+void spw__host_extent_free_after(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream) {
+  free_later(rt, e, stream, NULL);
+}
+
+void spw__host_extent_free_after_event(spw_runtime_t *rt, spw_host_extent_t *e, spw_bevent_t *ev) {
+  free_later(rt, e, NULL, ev);
 }
 
 /* How long a spill waits for host extents on their way back before the arena grows. */

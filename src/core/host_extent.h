@@ -14,5 +14,7 @@
 int spw__host_extent_alloc(spw_runtime_t *rt, size_t bytes, spw_host_extent_t *out);
 /* Returns `e` once the work enqueued so far on `stream` has completed; empties it. */
 void spw__host_extent_free_after(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream);
+/* Returns `e` once `ev` (already recorded; it outlives the wait) has completed; empties it. */
+void spw__host_extent_free_after_event(spw_runtime_t *rt, spw_host_extent_t *e, spw_bevent_t *ev);
 
 #endif /* SPILLWAY_CORE_HOST_EXTENT_H */

@@ -89,11 +89,11 @@ static void settle(spill_run_t *r, spw_victim_t *v, int copy_status) {
   }
   /* A clean victim moved nothing, so an unspill copy may still be landing in its device
    * memory, reading the host copy that now becomes authoritative: the memory goes back
-   * behind the upload stream, and HOST keeps WAIT for the host copy. */
+   * behind its `ready`, and HOST keeps WAIT for the host copy. */
   int landing = is_clean(v) && is_landing(v);
   spw_place_t to = {.host = v->ext};
   v->end = spw__move_commit(rt, &v->m, &to, landing ? SPW_W_WAIT : 0, 0, &release);
-  r->freed += spw__place_release(rt, &release, v->m.size, landing ? spw__h2d(rt) : NULL);
+  r->freed += spw__place_release(rt, &release, v->m.size, landing ? v->m.s->ready : NULL);
   if (v->end != SPW_MOVE_DONE) return;
   r->moved++;
   if (is_clean(v)) r->clean++;
@@ -126,17 +126,15 @@ uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spil
   spill_run_t r = {.rt = rt, .v = v, .n = n, .d2h = spw__d2h(rt), .why = why};
   r.descs = malloc((n < PART_VICTIMS ? n : PART_VICTIMS) * sizeof *r.descs);
   int st = r.descs ? SPW_OK : SPW_ERR_SYSTEM;
-  int landing = 0;
-  for (size_t i = 0; i < n; i++) landing |= !is_clean(&v[i]) && is_landing(&v[i]);
-  if (st == SPW_OK && landing) {
-    /* Copies back from earlier unspills may still be landing in some of this memory. They
-     * all ran on the upload stream, in order, so one wait covers every victim (a wait per
-     * victim costs a microsecond each). */
-    spw_bevent_t *up = NULL;
-    st = spw__event_get(&rt->events, &up);
-    if (st == SPW_OK) st = rt->ops->event_record(rt->be, up, spw__h2d(rt));
-    if (st == SPW_OK) st = rt->ops->stream_wait_event(rt->be, r.d2h, up);
-    if (up) spw__event_put(&rt->events, up); /* reusable once the wait is enqueued */
+  /* Copies back from earlier unspills may still be landing in some of this memory: the
+   * download stream waits for each one not yet seen complete (each ran on its acquirer's
+   * stream and recorded its slot's `ready`). Victims that landed long ago cost a query. */
+  for (size_t i = 0; st == SPW_OK && i < n; i++) {
+    if (is_clean(&v[i]) || !is_landing(&v[i])) continue;
+    spw_bevent_t *ready = v[i].m.s->ready; /* the mover's while the buffer is SPILLING */
+    int q = rt->ops->event_query(rt->be, ready);
+    if (q == SPW_ERR_NOT_READY) st = rt->ops->stream_wait_event(rt->be, r.d2h, ready);
+    else st = q;
   }
   if (st != SPW_OK) {
     /* Nothing can be copied: every victim stays where it is. */

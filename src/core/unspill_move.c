@@ -3,11 +3,15 @@
  * caller's host thread does not wait for the copy), or a prefetch batch (pipelined parts,
  * each marked resident once its copy has completed).
  *
- * For an acquire, device memory is allocated on the engine's upload stream, the copy
- * enqueued there, the slot's `ready` event recorded after it, and the caller's stream made
- * to wait on it. The buffer is RESIDENT at once with WAIT: later acquirers on other streams
- * wait on `ready` too until it has been seen complete. The host copy is kept as a clean
- * copy for a read-only acquire, else returned once the upload stream has passed the copy. */
+ * For an acquire, the copy is the acquiring stream's own work: device memory is allocated
+ * on that stream, the copy enqueued there, and the slot's `ready` event recorded after it.
+ * Nothing else is needed for the acquirer: its later work follows the copy in stream order.
+ * That is one copy and one event record, the least a stream-ordered unspill can cost (a copy
+ * on the engine's upload stream needed a wait on the acquiring stream as well, and a second
+ * event for the host extent's release). The buffer is RESIDENT at once with WAIT: acquirers
+ * on other streams wait on `ready` until it has been seen complete, and whatever the copy
+ * still reads or writes (the host extent; the device memory, if the buffer is freed) is
+ * released behind `ready`. The host copy is kept as a clean copy for a read-only acquire. */
 #include <stdlib.h>
 
 #include "clock.h"
@@ -17,19 +21,18 @@
 int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, unsigned flags,
                  uint32_t locks, void **dptr) {
   uint64_t t0 = spw__now_ns();
-  spw_stream_t h2d = spw__h2d(rt);
   spw_slot_t *s = m->s;
   void *d = NULL;
-  int copied = 0;
-  int st = spw__device_get(rt, m->size, h2d, 0, &d);
+  int copied = 0, recorded = 0;
+  int st = spw__device_get(rt, m->size, stream, 0, &d);
   if (st == SPW_OK) {
     spw_copy_desc_t desc = {d, m->from.host.ptr, m->size};
-    st = rt->ops->copy_batch_async(rt->be, &desc, 1, SPW_COPY_H2D, h2d);
+    st = rt->ops->copy_batch_async(rt->be, &desc, 1, SPW_COPY_H2D, stream);
     copied = st == SPW_OK;
     /* `ready` is the mover's while the buffer is UNSPILLING. */
     if (st == SPW_OK && !s->ready) st = rt->ops->event_create(rt->be, &s->ready);
-    if (st == SPW_OK) st = rt->ops->event_record(rt->be, s->ready, h2d);
-    if (st == SPW_OK && stream != h2d) st = rt->ops->stream_wait_event(rt->be, stream, s->ready);
+    if (st == SPW_OK) st = rt->ops->event_record(rt->be, s->ready, stream);
+    recorded = st == SPW_OK;
   }
   uint64_t dt = spw__now_ns() - t0;
   spw_move_end_t end;
@@ -38,12 +41,14 @@ int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, un
     spw_place_t to = {.dptr = d}, release;
     end = spw__move_commit(rt, m, &to, SPW_W_WAIT | keep, locks, &release);
     /* The copy may still read the host extent, and (freed meanwhile) write the memory. */
-    uint64_t device = spw__place_release(rt, &release, m->size, h2d);
+    uint64_t device = spw__place_release(rt, &release, m->size, s->ready);
     if (device) spw__budget_credit(rt, device);
   } else {
-    if (d) spw__device_put(rt, d, m->size, copied ? h2d : NULL);
-    /* WAIT: a copy that may still read the host extent was enqueued. */
-    end = spw__move_abort(rt, m, copied ? SPW_W_WAIT : 0);
+    /* A copy that was enqueued without its event still runs: wait for it, so that neither
+     * the memory it writes nor the extent it reads is reused under it. */
+    if (copied && !recorded) rt->ops->stream_sync(rt->be, stream);
+    if (d) spw__device_put(rt, d, m->size, NULL);
+    end = spw__move_abort(rt, m, 0);
   }
   if (end == SPW_MOVE_FREED) return SPW_ERR_FREED;
   if (end == SPW_MOVE_BACK) {
