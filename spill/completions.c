@@ -198,7 +198,14 @@ int spw__completions_drain_for(spw_completions_t *c, uint64_t timeout_ns) {
   return drained;
 }
 
-void spw__completions_flush_stream(spw_completions_t *c, spw_stream_t bstream) {
+uint64_t spw__completions_mark(spw_completions_t *c) {
+  pthread_mutex_lock(&c->mu);
+  uint64_t m = c->submitted;
+  pthread_mutex_unlock(&c->mu);
+  return m;
+}
+
+void spw__completions_flush_stream(spw_completions_t *c, spw_stream_t bstream, uint64_t mark) {
   if (!c) return;
   item_t *mine = NULL;
   pthread_mutex_lock(&c->mu);
@@ -208,7 +215,7 @@ void spw__completions_flush_stream(spw_completions_t *c, spw_stream_t bstream) {
   item_t **link = &c->head, *last = NULL;
   while (*link) {
     item_t *it = *link;
-    if (it->owned && it->stream == bstream) {
+    if (it->owned && it->stream == bstream && it->seq <= mark) {
       *link = it->next;
       it->next = mine;
       mine = it;

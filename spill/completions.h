@@ -34,9 +34,13 @@ int spw__completions_after(spw_completions_t *c, spw_stream_t stream, spw_comple
  * fn run later. On error fn is never called. */
 int spw__completions_after_event(spw_completions_t *c, spw_bevent_t *ev, spw_completion_fn fn,
                                  void *arg);
-/* Runs now what is pending for `stream`, which the caller has just synchronized (so its
- * events are complete): a synchronize releases the locks of an earlier release_async too. */
-void spw__completions_flush_stream(spw_completions_t *c, spw_stream_t stream);
+/* A mark of what has been submitted so far, for spw__completions_flush_stream. */
+uint64_t spw__completions_mark(spw_completions_t *c);
+/* Runs now what is pending for `stream` and was submitted up to `mark`, taken before the
+ * caller synchronized the stream (so those events are complete): a synchronize releases the
+ * locks of an earlier release_async too, but not those of one submitted by another thread
+ * while it waited, whose work may still run. */
+void spw__completions_flush_stream(spw_completions_t *c, spw_stream_t stream, uint64_t mark);
 /* Blocks until everything submitted before the call has run. */
 void spw__completions_drain(spw_completions_t *c);
 /* The same, giving up after timeout_ns; returns 1 if everything ran. */

@@ -160,6 +160,19 @@ void spw__dpool_free(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t strea
   pthread_mutex_unlock(&p->mu);
 }
 
+void spw__dpool_free_n(spw_dpool_t *p, void *const *ptrs, const size_t *bytes, size_t n,
+                       spw_stream_t stream) {
+  pthread_mutex_lock(&p->mu);
+  for (size_t i = 0; i < n; i++) {
+    if (!ptrs[i] || bytes[i] >= SPW_DPOOL_SMALL) continue;
+    slab_t *s = slab_of(p, ptrs[i]);
+    if (s && push_free(p, s->cls, ptrs[i]) == SPW_OK) s->free_blocks++;
+  }
+  pthread_mutex_unlock(&p->mu);
+  for (size_t i = 0; i < n; i++)
+    if (ptrs[i] && bytes[i] >= SPW_DPOOL_SMALL) p->p.ops->free_async(p->p.be, ptrs[i], stream);
+}
+
 typedef struct deferred {
   spw_dpool_t *p;
   void *ptr;

@@ -33,6 +33,9 @@ int spw__dpool_alloc(spw_dpool_t *p, size_t bytes, spw_stream_t stream, void **o
 /* Returns memory no work can touch any more (large: free_async on `stream`). NULL is a
  * no-op. */
 void spw__dpool_free(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream);
+/* spw__dpool_free for n blocks, small ones under one lock. */
+void spw__dpool_free_n(spw_dpool_t *p, void *const *ptrs, const size_t *bytes, size_t n,
+                       spw_stream_t stream);
 /* Returns memory once the work enqueued so far on `stream` has completed. */
 void spw__dpool_free_after(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream);
 /* Returns memory once `ev` (recorded by the caller; it must outlive the wait) completes. */

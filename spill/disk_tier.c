@@ -120,8 +120,8 @@ int spw__disk_create(const spw_disk_params_t *par, spw_disk_t **out) {
     char line[512];
     snprintf(line, sizeof line, "disk tier open in %s: %s I/O, %s, staging %zu x %zu B", par->dir,
              spw__io_kind(d->io) == SPW_IO_URING ? "io_uring" : "POSIX",
-             spw__spill_file_is_direct(d->file) ? "O_DIRECT" : "buffered", d->chunk,
-             (size_t)(SPW_DISK_PIPES * SPW_DISK_SLOTS));
+             spw__spill_file_is_direct(d->file) ? "O_DIRECT" : "buffered",
+             (size_t)(SPW_DISK_PIPES * SPW_DISK_SLOTS), d->chunk);
     par->log(par->ctx, SPW_LOG_INFO, line);
   }
   *out = d;
@@ -242,6 +242,9 @@ int spw__disk_write_device(spw_disk_t *d, const void *dptr, size_t bytes, spw_st
     if (r != SPW_OK && st == SPW_OK) st = r;
     pending--;
   }
+  /* After a failure a copy may have been enqueued without its event: none may still write a
+   * slot when the next transfer takes the pipeline. */
+  if (st != SPW_OK) d->ops->stream_sync(d->be, d2h);
   give_pipe(d, p);
   if (st != SPW_OK) {
     spw__spill_file_free(d->file, &e);
@@ -297,11 +300,13 @@ int spw__disk_read_device(spw_disk_t *d, const spw_disk_extent_t *src, void *dpt
     }
   }
   /* Every upload must have left the staging slots before they are reused, and the data must
-   * be on the device when we return. */
+   * be on the device when we return. After a failure an upload may have been enqueued
+   * without its event: the stream itself is waited for then. */
   for (int k = 0; k < SPW_DISK_SLOTS; k++) {
     int r = d->ops->event_sync(d->be, p->ev[k]);
     if (r != SPW_OK && st == SPW_OK) st = r;
   }
+  if (st != SPW_OK) d->ops->stream_sync(d->be, h2d);
   give_pipe(d, p);
   return st;
 }

@@ -58,9 +58,11 @@ struct spw_host_arena {
   size_t slab_bytes;
   size_t page; /* slab sizes are multiples of this: max(system page, SPW_ARENA_ALIGN) */
   pthread_mutex_t mu;
+  pthread_cond_t grown; /* a slab mapped ahead was added (or its mapping failed) */
   slab_t **slots; /* slot i holds the slab of extents with .slab == i; NULL = unused */
   uint32_t nslots;
   uint64_t in_use, mapped, nslabs;
+  uint64_t growing; /* bytes of a slab being mapped ahead, outside the mutex */
 };
 
 static size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
@@ -80,6 +82,7 @@ int spw__arena_create(const spw_backend_ops_t *ops, spw_backend_t *b, uint64_t l
     free(a);
     return SPW_ERR_SYSTEM;
   }
+  pthread_cond_init(&a->grown, NULL);
   a->ops = ops;
   a->b = b;
   a->limit = limit;
@@ -109,6 +112,7 @@ void spw__arena_destroy(spw_host_arena_t *a) {
   for (uint32_t i = 0; i < a->nslots; i++)
     if (a->slots[i]) release_slab(a, i);
   free(a->slots);
+  pthread_cond_destroy(&a->grown);
   pthread_mutex_destroy(&a->mu);
   free(a);
 }
@@ -165,39 +169,26 @@ static long find_spare(const spw_host_arena_t *a, long except) {
   return -1;
 }
 
-/* Maps, populates and registers a slab for a request of `need` bytes (already rounded) into
- * a free slot. Called with the mutex held. */
-static int add_slab(spw_host_arena_t *a, size_t need, uint32_t *slot) {
-  int dedicated = need > a->slab_bytes;
-  size_t size = a->slab_bytes;
-  if (dedicated) {
-    if (need > SIZE_MAX - a->page) return SPW_ERR_HOST_OUT_OF_MEMORY;
-    size = round_up(need, a->page);
-  }
-
-  if (a->limit) {
-    uint64_t room = a->limit > a->mapped ? a->limit - a->mapped : 0;
-    /* Kept empty slabs make way for the new one (they only save mapping time). */
-    for (long spare; room < size && (spare = find_spare(a, -1)) >= 0;) {
-      room += a->slots[spare]->bytes;
-      release_slab(a, (uint32_t)spare);
-    }
-    if (room < size && !dedicated) size = (size_t)(room / a->page * a->page);
-    if (room < size || size < need) return SPW_ERR_HOST_OUT_OF_MEMORY;
-  }
-
-  /* Find (or grow to) a free slot before mapping, so no failure follows registration. */
+/* A free slot index (growing the slot array if needed), or -1. Called with the mutex held. */
+static long free_slot(spw_host_arena_t *a) {
   uint32_t i = 0;
   while (i < a->nslots && a->slots[i]) i++;
   if (i == a->nslots) {
-    if (a->nslots >= UINT32_MAX / 2) return SPW_ERR_SYSTEM;
+    if (a->nslots >= UINT32_MAX / 2) return -1;
     size_t n = a->nslots;
     slab_t **t = spw__grow(a->slots, &n, (size_t)a->nslots + 1, sizeof *t, 8);
-    if (!t) return SPW_ERR_SYSTEM;
+    if (!t) return -1;
     memset(t + a->nslots, 0, (n - a->nslots) * sizeof *t);
     a->slots = t;
     a->nslots = (uint32_t)n;
   }
+  return (long)i;
+}
+
+/* Maps, populates and registers `size` bytes as a slab (no arena lock needed). MAP_POPULATE
+ * faults every page in now: registering memory already present is fast, and the faults are
+ * not paid later inside a copy. */
+static int map_slab(spw_host_arena_t *a, size_t size, int dedicated, slab_t **out) {
   slab_t *s = calloc(1, sizeof *s);
   free_range_t *f = malloc(INITIAL_RANGES * sizeof *f);
   if (!s || !f) {
@@ -205,9 +196,6 @@ static int add_slab(spw_host_arena_t *a, size_t need, uint32_t *slot) {
     free(f);
     return SPW_ERR_SYSTEM;
   }
-
-  /* MAP_POPULATE faults every page in now: registering memory already present is fast,
-   * and the faults are not paid later inside a copy. */
   void *p = mmap(NULL, size, PROT_READ | PROT_WRITE,
                  MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
   if (p == MAP_FAILED) {
@@ -222,27 +210,89 @@ static int add_slab(spw_host_arena_t *a, size_t need, uint32_t *slot) {
     free(f);
     return st;
   }
-  s->base = p;
-  s->bytes = size;
-  s->dedicated = dedicated;
-  s->free = f;
-  s->cap = INITIAL_RANGES;
-  s->nfree = 1;
+  *s = (slab_t){.base = p, .bytes = size, .dedicated = dedicated, .free = f,
+                .cap = INITIAL_RANGES, .nfree = 1};
   f[0].off = 0;
   f[0].len = size;
-  a->slots[i] = s;
-  a->mapped += size;
-  a->nslabs++;
-  *slot = i;
+  *out = s;
   return SPW_OK;
 }
 
-int spw__arena_alloc(spw_host_arena_t *a, size_t bytes, spw_host_extent_t *out) {
-  if (!a || !out || bytes == 0 || bytes > SIZE_MAX - SPW_ARENA_ALIGN)
-    return SPW_ERR_INVALID_ARG;
-  size_t need = round_up(bytes, SPW_ARENA_ALIGN);
+static void insert_slab(spw_host_arena_t *a, slab_t *s, uint32_t i) {
+  a->slots[i] = s;
+  a->mapped += s->bytes;
+  a->nslabs++;
+}
 
+/* Room under the limit for a new slab, counting one being mapped ahead. */
+static uint64_t room_left(const spw_host_arena_t *a) {
+  uint64_t taken = a->mapped + a->growing;
+  return a->limit > taken ? a->limit - taken : 0;
+}
+
+/* Maps, populates and registers a slab for a request of `need` bytes (already rounded) into
+ * a free slot. Called with the mutex held. */
+static int add_slab(spw_host_arena_t *a, size_t need, uint32_t *slot) {
+  int dedicated = need > a->slab_bytes;
+  size_t size = a->slab_bytes;
+  if (dedicated) {
+    if (need > SIZE_MAX - a->page) return SPW_ERR_HOST_OUT_OF_MEMORY;
+    size = round_up(need, a->page);
+  }
+
+  if (a->limit) {
+    uint64_t room = room_left(a);
+    /* Kept empty slabs make way for the new one (they only save mapping time). */
+    for (long spare; room < size && (spare = find_spare(a, -1)) >= 0;) {
+      room += a->slots[spare]->bytes;
+      release_slab(a, (uint32_t)spare);
+    }
+    if (room < size && !dedicated) size = (size_t)(room / a->page * a->page);
+    if (room < size || size < need) return SPW_ERR_HOST_OUT_OF_MEMORY;
+  }
+
+  /* Find (or grow to) a free slot before mapping, so no failure follows registration. */
+  long i = free_slot(a);
+  if (i < 0) return SPW_ERR_SYSTEM;
+  slab_t *s;
+  int st = map_slab(a, size, dedicated, &s);
+  if (st != SPW_OK) return st;
+  insert_slab(a, s, (uint32_t)i);
+  *slot = (uint32_t)i;
+  return SPW_OK;
+}
+
+int spw__arena_grow_ahead(spw_host_arena_t *a) {
   pthread_mutex_lock(&a->mu);
+  uint64_t free_bytes = a->mapped - a->in_use;
+  size_t size = a->slab_bytes;
+  if (a->limit && room_left(a) < size) size = (size_t)(room_left(a) / a->page * a->page);
+  int wanted = !a->growing && free_bytes < a->slab_bytes / 2 && find_spare(a, -1) < 0 &&
+               size >= a->slab_bytes / 4;
+  if (wanted) a->growing = size;
+  pthread_mutex_unlock(&a->mu);
+  if (!wanted) return 0;
+  slab_t *s = NULL;
+  int st = map_slab(a, size, 0, &s);
+  pthread_mutex_lock(&a->mu);
+  long i = st == SPW_OK ? free_slot(a) : -1;
+  if (i >= 0) insert_slab(a, s, (uint32_t)i);
+  a->growing = 0;
+  pthread_cond_broadcast(&a->grown);
+  pthread_mutex_unlock(&a->mu);
+  if (st == SPW_OK && i < 0) {
+    (void)a->ops->host_unregister(a->b, s->base);
+    munmap(s->base, s->bytes);
+    free(s->free);
+    free(s);
+  }
+  return i >= 0;
+}
+
+/* One allocation, the mutex held (it may be dropped while a slab mapped ahead lands). */
+static int alloc_locked(spw_host_arena_t *a, size_t bytes, spw_host_extent_t *out) {
+  if (bytes == 0 || bytes > SIZE_MAX - SPW_ARENA_ALIGN) return SPW_ERR_INVALID_ARG;
+  size_t need = round_up(bytes, SPW_ARENA_ALIGN);
   int st = SPW_OK;
   uint32_t slot = 0;
   long r = -1;
@@ -254,6 +304,12 @@ int spw__arena_alloc(spw_host_arena_t *a, size_t bytes, spw_host_extent_t *out) 
       if ((r = find_fit(s, need)) >= 0) break;
     }
   }
+  if (r < 0 && a->growing && need <= a->growing) {
+    /* A slab is being mapped ahead: wait for it rather than map a second one now. */
+    while (a->growing) pthread_cond_wait(&a->grown, &a->mu);
+    for (slot = 0; slot < a->nslots && r < 0; slot++)
+      if (a->slots[slot] && (r = find_fit(a->slots[slot], need)) >= 0) break;
+  }
   if (r < 0) {
     st = add_slab(a, need, &slot);
     if (st == SPW_OK) r = 0;
@@ -264,7 +320,6 @@ int spw__arena_alloc(spw_host_arena_t *a, size_t bytes, spw_host_extent_t *out) 
     if (r >= 0 && a->slots[slot]->extents == 0 &&
         (a->slots[slot]->dedicated || count_spares(a, (long)slot) >= KEEP_EMPTY))
       release_slab(a, slot);
-    pthread_mutex_unlock(&a->mu);
     return st;
   }
   slab_t *s = a->slots[slot];
@@ -272,8 +327,27 @@ int spw__arena_alloc(spw_host_arena_t *a, size_t bytes, spw_host_extent_t *out) 
   out->ptr = s->base + off;
   out->bytes = need;
   out->slab = slot;
-  pthread_mutex_unlock(&a->mu);
   return SPW_OK;
+}
+
+int spw__arena_alloc(spw_host_arena_t *a, size_t bytes, spw_host_extent_t *out) {
+  if (!a || !out) return SPW_ERR_INVALID_ARG;
+  pthread_mutex_lock(&a->mu);
+  int st = alloc_locked(a, bytes, out);
+  pthread_mutex_unlock(&a->mu);
+  return st;
+}
+
+size_t spw__arena_alloc_n(spw_host_arena_t *a, const size_t *bytes, size_t n,
+                          spw_host_extent_t *out, int *status) {
+  size_t i = 0;
+  int st = SPW_OK;
+  pthread_mutex_lock(&a->mu);
+  for (; i < n && (st = alloc_locked(a, bytes[i], &out[i])) == SPW_OK; i++) {
+  }
+  pthread_mutex_unlock(&a->mu);
+  if (status) *status = st;
+  return i;
 }
 
 /* Index of the first free range starting after `off`. */

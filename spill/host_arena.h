@@ -11,7 +11,8 @@
  * be written to an O_DIRECT file as is); extents never cross slabs; in_use <= mapped <= limit
  * (a single buffer larger than slab_bytes gets a slab of its own size).
  * Thread-safe: one mutex guards the slab list and free lists; no backend call is made while
- * it is held except host_register / host_unregister of a slab being added or removed.
+ * it is held except host_register / host_unregister of a slab being added or removed (a
+ * slab mapped ahead, spw__arena_grow_ahead, is registered without it).
  */
 #ifndef SPILLWAY_SPILL_HOST_ARENA_H
 #define SPILLWAY_SPILL_HOST_ARENA_H
@@ -49,10 +50,22 @@ void spw__arena_destroy(spw_host_arena_t *a);
  * SPW_ERR_SYSTEM when mmap fails, the backend's error when registration fails (the slab is
  * unmapped again). `bytes` > 0. */
 int spw__arena_alloc(spw_host_arena_t *a, size_t bytes, spw_host_extent_t *out);
+/* n allocations under one lock, as spw__arena_alloc each, stopping at the first that fails
+ * (*status: its status, or SPW_OK); returns how many succeeded. A batch of small spills
+ * pays one lock instead of one per buffer. */
+size_t spw__arena_alloc_n(spw_host_arena_t *a, const size_t *bytes, size_t n,
+                          spw_host_extent_t *out, int *status);
 /* Returns an extent; an empty extent (ptr NULL) is ignored. A slab whose extents have all
  * come back is unregistered and unmapped. */
 void spw__arena_free(spw_host_arena_t *a, spw_host_extent_t *e);
 
 void spw__arena_get_stats(spw_host_arena_t *a, spw_arena_stats_t *out);
+
+/* Maps and pins one more slab ahead of need, if less than half a slab is free, no empty
+ * slab is kept, and the limit leaves room for at least a quarter slab. Mapping and pinning
+ * (a third of a second per GiB) happen outside the arena's mutex: allocations go on
+ * meanwhile, and one that finds no room waits for this slab rather than map another.
+ * Returns 1 if it added a slab. For a background thread: it blocks while it maps. */
+int spw__arena_grow_ahead(spw_host_arena_t *a);
 
 #endif /* SPILLWAY_SPILL_HOST_ARENA_H */

@@ -23,6 +23,7 @@ static int sync_and_unlock(spw_runtime_t *rt, spw_stream_entry_t *e) {
   spw_buf_t *list;
   size_t n;
   spw__lockmap_detach(e, &list, &n);
+  uint64_t mark = spw__completions_mark(rt->completions);
   int st = rt->ops->stream_sync(rt->be, e->bstream);
   if (st != SPW_OK) {
     /* The work may still be running: keep every lock. */
@@ -30,7 +31,7 @@ static int sync_and_unlock(spw_runtime_t *rt, spw_stream_entry_t *e) {
     return st;
   }
   spw__unlock_list(rt, list, n);
-  spw__completions_flush_stream(rt->completions, e->bstream);
+  spw__completions_flush_stream(rt->completions, e->bstream, mark);
   return SPW_OK;
 }
 

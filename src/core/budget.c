@@ -123,7 +123,10 @@ int spw__budget_reserve(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
     uint64_t used = atomic_load(&b->used);
     if (used + bytes <= b->limit) {
       if (!atomic_compare_exchange_weak(&b->used, &used, used + bytes)) continue;
-      if (used + bytes > b->high) spw__engine_kick(rt->engine);
+      /* Above the high watermark the engine spills in the background; past half the limit
+       * it pins host memory ahead of the first spill. */
+      if (used + bytes > b->high || (used <= b->limit / 2 && used + bytes > b->limit / 2))
+        spw__engine_kick(rt->engine);
       return SPW_OK;
     }
     uint64_t shortfall = used + bytes - b->limit;

@@ -64,6 +64,14 @@ static void await_deferred(spw_runtime_t *rt, size_t bytes) {
   if (as.in_use + bytes > as.mapped) spw__completions_drain_for(rt->completions, DEFERRED_WAIT_NS);
 }
 
+size_t spw__host_extent_alloc_n(spw_runtime_t *rt, const size_t *bytes, size_t n,
+                                spw_host_extent_t *out, int *status) {
+  size_t total = 0;
+  for (size_t i = 0; i < n; i++) total += bytes[i];
+  await_deferred(rt, total);
+  return spw__arena_alloc_n(rt->arena, bytes, n, out, status);
+}
+
 int spw__host_extent_alloc(spw_runtime_t *rt, size_t bytes, spw_host_extent_t *out) {
   await_deferred(rt, bytes);
   int st = spw__arena_alloc(rt->arena, bytes, out);

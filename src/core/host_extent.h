@@ -12,6 +12,12 @@
  * arena is full. Errors: SPW_ERR_HOST_OUT_OF_MEMORY (full, and demotion freed nothing), the
  * arena's others. */
 int spw__host_extent_alloc(spw_runtime_t *rt, size_t bytes, spw_host_extent_t *out);
+/* Extents for n requests under one arena lock, as far as the arena has room without
+ * demoting anything; returns how many, from the first, and in *status why it stopped
+ * (SPW_ERR_HOST_OUT_OF_MEMORY: the rest go through spw__host_extent_alloc one by one, which
+ * demotes; another error is the failure of the request it stopped at). */
+size_t spw__host_extent_alloc_n(spw_runtime_t *rt, const size_t *bytes, size_t n,
+                                spw_host_extent_t *out, int *status);
 /* Returns `e` once the work enqueued so far on `stream` has completed; empties it. */
 void spw__host_extent_free_after(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream);
 /* Returns `e` once `ev` (already recorded; it outlives the wait) has completed; empties it. */

@@ -113,6 +113,9 @@ static void run_prefetches(spw_runtime_t *rt, spw_job_t *jobs) {
 static void background(void *ctx) {
   spw_runtime_t *rt = ctx;
   spw_budget_t *b = &rt->budget;
+  /* Spilling has begun or is coming: pin the next host slab now, off the path of whoever
+   * will need it (mapping and pinning cost a third of a second per GiB). */
+  if (atomic_load(&b->used) > b->limit / 2) spw__arena_grow_ahead(rt->arena);
   for (;;) {
     uint64_t used = atomic_load(&b->used), out = atomic_load(&b->spilling);
     if (used <= out || used - out <= b->high) return;

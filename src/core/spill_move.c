@@ -38,11 +38,20 @@ int spw__victim_claim(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_claim_t
 static int is_clean(const spw_victim_t *v) { return (v->m.flags & SPW_W_CLEAN) != 0; }
 static int is_landing(const spw_victim_t *v) { return (v->m.flags & SPW_W_WAIT) != 0; }
 
+/* Per-part scratch, so that the batch's allocations and frees take one lock per part. */
+typedef struct part_scratch {
+  size_t idx[PART_VICTIMS];
+  size_t bytes[PART_VICTIMS];
+  spw_host_extent_t ext[PART_VICTIMS];
+  void *dptr[PART_VICTIMS];
+} part_scratch_t;
+
 typedef struct spill_run {
   spw_runtime_t *rt;
   spw_victim_t *v;
   size_t n;
   spw_copy_desc_t *descs;
+  part_scratch_t *scratch;
   spw_stream_t d2h;
   spw_spill_reason_t why;
   uint64_t freed;  /* device bytes that left */
@@ -50,9 +59,9 @@ typedef struct spill_run {
   size_t moved, clean;
 } spill_run_t;
 
-/* Gets host memory for a victim to copy, or sends it to disk when there is none. */
-static void prepare(spw_runtime_t *rt, spw_victim_t *v) {
-  if (is_clean(v)) return;
+/* Gets host memory for a victim to copy, one at a time (demoting to make room), or sends
+ * it to disk when there is none. */
+static void prepare_one(spw_runtime_t *rt, spw_victim_t *v) {
   v->status = spw__host_extent_alloc(rt, v->m.size, &v->ext);
   int open_st;
   if (v->status == SPW_ERR_HOST_OUT_OF_MEMORY && spw__disk(rt, &open_st)) {
@@ -63,11 +72,30 @@ static void prepare(spw_runtime_t *rt, spw_victim_t *v) {
   }
 }
 
+/* Host memory for the part's victims to copy: as many as the arena holds under one lock,
+ * the rest one by one. */
+static void prepare(spill_run_t *r, spw_victim_t *v, size_t count) {
+  part_scratch_t *sc = r->scratch;
+  size_t k = 0;
+  for (size_t i = 0; i < count; i++)
+    if (!is_clean(&v[i]) && v[i].status == SPW_OK) {
+      sc->idx[k] = i;
+      sc->bytes[k++] = v[i].m.size;
+    }
+  int why = SPW_OK;
+  size_t got = spw__host_extent_alloc_n(r->rt, sc->bytes, k, sc->ext, &why);
+  for (size_t j = 0; j < got; j++) v[sc->idx[j]].ext = sc->ext[j];
+  /* A failure other than a full arena (a refused registration) is the failure of the spill
+   * it happened in; after a full arena the rest go one by one, demoting to make room. */
+  if (got < k && why != SPW_ERR_HOST_OUT_OF_MEMORY) v[sc->idx[got++]].status = why;
+  for (size_t j = got; j < k; j++) prepare_one(r->rt, &v[sc->idx[j]]);
+}
+
 static void spill_start(void *ctx, spw_part_t *p) {
   spill_run_t *r = ctx;
   p->count = r->n - p->first < PART_VICTIMS ? r->n - p->first : PART_VICTIMS;
   spw_victim_t *v = r->v + p->first;
-  for (size_t i = 0; i < p->count; i++) prepare(r->rt, &v[i]);
+  prepare(r, v, p->count);
   size_t nd = 0;
   pthread_mutex_lock(&r->rt->d2h_gate);
   for (size_t i = 0; i < p->count; i++)
@@ -77,8 +105,9 @@ static void spill_start(void *ctx, spw_part_t *p) {
   pthread_mutex_unlock(&r->rt->d2h_gate);
 }
 
-/* Commits one victim whose copy has completed (or failed: then it stays RESIDENT). */
-static void settle(spill_run_t *r, spw_victim_t *v, int copy_status) {
+/* Commits one victim whose copy has completed (or failed: then it stays RESIDENT). Device
+ * memory that can go at once is collected in `nfree` for one free per part. */
+static void settle(spill_run_t *r, spw_victim_t *v, int copy_status, size_t *nfree) {
   spw_runtime_t *rt = r->rt;
   if (v->status == SPW_OK && !is_clean(v)) v->status = copy_status;
   spw_place_t release = {0};
@@ -93,6 +122,11 @@ static void settle(spill_run_t *r, spw_victim_t *v, int copy_status) {
   int landing = is_clean(v) && is_landing(v);
   spw_place_t to = {.host = v->ext};
   v->end = spw__move_commit(rt, &v->m, &to, landing ? SPW_W_WAIT : 0, 0, &release);
+  if (v->end == SPW_MOVE_DONE && !landing && release.dptr) {
+    r->scratch->dptr[*nfree] = release.dptr;
+    r->scratch->bytes[(*nfree)++] = v->m.size;
+    release.dptr = NULL;
+  }
   r->freed += spw__place_release(rt, &release, v->m.size, landing ? v->m.s->ready : NULL);
   if (v->end != SPW_MOVE_DONE) return;
   r->moved++;
@@ -104,6 +138,7 @@ static void spill_finish(void *ctx, spw_part_t *p) {
   spill_run_t *r = ctx;
   int st = spw__part_wait(r->rt, p, r->d2h);
   uint64_t ended = 0;
+  size_t nfree = 0;
   for (size_t i = p->first; i < p->first + p->count; i++) {
     spw_victim_t *v = &r->v[i];
     ended += v->m.size;
@@ -113,8 +148,11 @@ static void spill_finish(void *ctx, spw_part_t *p) {
       v->status = spw__spill_to_disk(r->rt, v, r->why);
       continue;
     }
-    settle(r, v, st);
+    settle(r, v, st, &nfree);
   }
+  /* The copies have completed: the memory is free now, in one go. */
+  spw__dpool_free_n(r->rt->dpool, r->scratch->dptr, r->scratch->bytes, nfree, r->d2h);
+  for (size_t i = 0; i < nfree; i++) r->freed += r->scratch->bytes[i];
   /* The room goes back now, not at the end of the batch: whoever waits for it goes on
    * while the next part is still copying. */
   spw__budget_spill_ended(r->rt, r->freed, ended);
@@ -125,7 +163,8 @@ uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spil
   uint64_t t0 = spw__now_ns();
   spill_run_t r = {.rt = rt, .v = v, .n = n, .d2h = spw__d2h(rt), .why = why};
   r.descs = malloc((n < PART_VICTIMS ? n : PART_VICTIMS) * sizeof *r.descs);
-  int st = r.descs ? SPW_OK : SPW_ERR_SYSTEM;
+  r.scratch = malloc(sizeof *r.scratch);
+  int st = r.descs && r.scratch ? SPW_OK : SPW_ERR_SYSTEM;
   /* Copies back from earlier unspills may still be landing in some of this memory: the
    * download stream waits for each one not yet seen complete (each ran on its acquirer's
    * stream and recorded its slot's `ready`). Victims that landed long ago cost a query. */
@@ -150,7 +189,10 @@ uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spil
     spw__pipeline_run(&pl);
   }
   free(r.descs);
+  free(r.scratch);
 
+  /* The down lane pins the next host slab if this batch left the arena short. */
+  if (r.copied) spw__engine_kick(rt->engine);
   uint64_t dt = spw__now_ns() - t0;
   atomic_fetch_add(&rt->c.spills, r.moved);
   atomic_fetch_add(&rt->c.spill_bytes, r.copied);
