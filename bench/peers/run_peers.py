@@ -192,7 +192,6 @@ class SpillwayTier:
         # O_DIRECT) can be read back from stderr for the report.
         self.rt = spillway.Runtime(log_level="info" if tier == Tier.DISK else "warn", **kw)
         self.s = self.rt.stream().handle
-        self.disk_path_line = ""
 
     def close(self) -> None:
         self.rt.close()
@@ -356,12 +355,13 @@ def torch_round_trips(torch, mem: TorchMem, size: int, count: int, warmup: int, 
 
 KVIKIO_MODES = {
     # name: (label, settings applied while the mode runs)
-    "posix": ("KvikIO POSIX (its defaults: O_DIRECT writes, buffered reads)",
+    # KvikIO 26.10's own defaults: O_DIRECT writes where aligned, buffered reads.
+    "posix": ("KvikIO POSIX (defaults)",
               {"compat_mode": "ON", "auto_direct_io_write": True, "auto_direct_io_read": False}),
     "posix-direct": ("KvikIO POSIX, O_DIRECT both ways",
                      {"compat_mode": "ON", "auto_direct_io_write": True,
                       "auto_direct_io_read": True}),
-    "gds": ("KvikIO GDS (cuFile)", {"compat_mode": "OFF"}),
+    "gds": ("KvikIO GDS", {"compat_mode": "OFF"}),
 }
 
 
@@ -495,6 +495,7 @@ class Run:
         self.py_cost: list[str] = []
         self.notes: list[str] = []
         self.failures: list[str] = []
+        self.raw: list[dict] = []
         self.bad = 0
         self.checked = 0
         self.torch = self.kvikio = None
@@ -531,17 +532,18 @@ class Run:
     def mem(self):
         return TorchMem(self.torch) if self.torch is not None else NumpyMem()
 
-    def attempt(self, what: str, fn):
-        """fn(), or None if it raised: the failure is logged and reported, and the run goes
+    def attempt(self, what: str, fn, *args):
+        """fn(*args), or None if it raised: the failure is logged and reported, and the run goes
         on with the next measurement (a peer that breaks must not cost Spillway's rows)."""
         try:
-            r = fn()
+            r = fn(*args)
         except Exception as e:  # noqa: BLE001
             log(f"FAILED: {what}: {e!r}\n{traceback.format_exc()}")
             self.failures.append(f"{what}: {e!r}")
             return None
         self.bad += r["bad"]
         self.checked += r["checked_bytes"]
+        self.raw.append({"what": what, **r})
         return r
 
     # -- rows ---------------------------------------------------------------------------
@@ -562,6 +564,10 @@ class Run:
     def add_py_cost(self, tier: str, size: int, count: int, sw: Optional[dict]) -> None:
         if not sw:
             return
+        if tier == "host" and min(sw["pinned_before"], default=size * count) < size * count:
+            self.notes.append(f"{tier} tier {fmt_size(size)}: Spillway's arena held only "
+                              f"{min(sw['pinned_before'])} pinned bytes before a timed spill "
+                              "(it pinned more inside the timed pass)")
         for call, key, pass_key in (("spill_n", "out_call_s", "out_s"),
                                     ("prefetch_n", "in_call_s", "in_s")):
             c, p = median(sw[key]), median(sw[pass_key])
@@ -582,15 +588,15 @@ class Run:
                 what = f"{fmt_size(size)} x {count}"
                 seed = 1000 * (i + 1)
                 log(f"host tier: spillway {what}")
-                sw = self.attempt(f"spillway host {what}", lambda: t.round_trips(
-                    size, count, a.warmup, a.reps, seed))
+                sw = self.attempt(f"spillway host {what}", t.round_trips, size, count,
+                                  a.warmup, a.reps, seed)
                 self.add_py_cost("host", size, count, sw)
                 pr = None
                 try:
                     if self.torch is not None:
                         log(f"host tier: pytorch {what}")
-                        pr = self.attempt(f"pytorch {what}", lambda: torch_round_trips(
-                            self.torch, mem, size, count, a.warmup, a.reps, seed + 500))
+                        pr = self.attempt(f"pytorch {what}", torch_round_trips, self.torch,
+                                          mem, size, count, a.warmup, a.reps, seed + 500)
                         self.torch.cuda.empty_cache()
                 finally:  # interrupted during the peer: Spillway's rows still count
                     self.add_rows("host", size, count, sw, "PyTorch copy_ (pinned)", pr,
@@ -626,8 +632,8 @@ class Run:
                 log(f"disk tier: spillway {what}")
                 lines: list[str] = []
                 with captured_fd2(lines) if i == 0 else contextlib.nullcontext():
-                    sw = self.attempt(f"spillway disk {what}", lambda: t.round_trips(
-                        size, count, a.warmup, a.disk_reps, seed))
+                    sw = self.attempt(f"spillway disk {what}", t.round_trips, size, count,
+                                      a.warmup, a.disk_reps, seed)
                 self.disk_path = self.disk_path or next(
                     (ln.split("info: ", 1)[-1] for ln in lines if "disk tier open" in ln), "")
                 self.add_py_cost("disk", size, count, sw)
@@ -638,18 +644,20 @@ class Run:
                     path = os.path.join(a.spill_dir, f"spw-peers-kvikio-{os.getpid()}.bin")
                     pr = None
                     try:
-                        pr = self.attempt(f"kvikio {m} {what}", lambda: kvikio_round_trips(
-                            self.kvikio, self.torch, mem, m, path, size, count, a.warmup,
-                            a.disk_reps, seed + 100 * (k + 1)))
+                        pr = self.attempt(f"kvikio {m} {what}", kvikio_round_trips,
+                                          self.kvikio, self.torch, mem, m, path, size, count,
+                                          a.warmup, a.disk_reps, seed + 100 * (k + 1))
                         self.torch.cuda.empty_cache()
                     finally:
                         self.add_rows("disk", size, count, sw, KVIKIO_MODES[m][0], pr, 1.0)
                     if pr and pr["short"]:
                         self.failures.append(f"kvikio {m} {what}: short transfers")
                     if pr and i == 0:
-                        self.notes.append(f"{KVIKIO_MODES[m][0]}: Direct I/O "
-                                          f"{'supported' if pr['direct_io'] else 'NOT supported'}"
-                                          " on its file handle")
+                        label, conf = KVIKIO_MODES[m]
+                        self.notes.append(
+                            f"{label}: {', '.join(f'{k} {v}' for k, v in conf.items())}; "
+                            f"Direct I/O {'supported' if pr['direct_io'] else 'NOT supported'} "
+                            "on its file handle")
         finally:
             self.close(t)
 
@@ -731,7 +739,7 @@ class Run:
         return {"device": self.device, "backend": self.backend, "commit": self.a.commit,
                 "date": datetime.datetime.now(datetime.timezone.utc).isoformat(),
                 "rows": self.rows, "notes": self.notes, "disk_path": self.disk_path,
-                "bad_words": self.bad, "checked_bytes": self.checked,
+                "bad_words": self.bad, "checked_bytes": self.checked, "raw": self.raw,
                 "anomalies": self.anomalies.items, "failures": self.failures,
                 "stopped": self.stopped,
                 "options": {k: v for k, v in vars(self.a).items()}}
@@ -788,6 +796,7 @@ def main(argv: Optional[list] = None) -> int:
                           host_device_bytes=256 * MiB) as probe:
         run.backend = "cuda" if probe.backend == spillway.Backend.CUDA else "host"
     run.load_peers()
+    run.notes.append(f"patterns written and checked in {run.mem().name}")
     try:
         if "host" in a.tiers:
             run.host_tier()

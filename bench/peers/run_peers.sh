@@ -10,12 +10,16 @@
 #                  installed (a previous `install` on the same machine, or one passed in
 #                  through PYTHONPATH)
 #
-# ARGS go to run_peers.py (e.g. -- --tiers host --reps 3). Environment: OUT (default
-# ./gpu-out-peers), SPW_WHEELS (the carried wheels, default .whl), SPW_SITE (where they are
-# installed, default /tmp/site; put first on PYTHONPATH), SPILLWAY_SPILL_DIR (Spillway's
-# spill file and KvikIO's file, default /tmp), SPW_COMMIT (printed in the report; default
-# `git rev-parse` when .git is there), SPW_PEERS_LIMIT (seconds for the run itself, default
-# 560 less the install's time: at the limit the script gets SIGINT and prints what it has).
+# ARGS go to run_peers.py (e.g. -- --tiers host --reps 3). Environment:
+#   OUT                 logs (default ./gpu-out-peers)
+#   SPW_WHEELS          the carried wheels (default .whl): kvikio-cu13, libkvikio-cu13,
+#                       rapids-logger; optional/cuda_pathfinder-*.whl is installed only if
+#                       `import kvikio` fails without it
+#   SPW_SITE            where the wheels go (default /tmp/site; first on PYTHONPATH)
+#   SPILLWAY_SPILL_DIR  Spillway's spill file and KvikIO's file (default /tmp)
+#   SPW_COMMIT          printed in the report (default `git rev-parse` where .git is)
+#   SPW_PEERS_LIMIT     seconds for the run itself (default 560 less the install's time); at
+#                       the limit the script gets SIGINT and prints what it has measured
 # liburing: used from the system, else from .deps/liburing (an unpacked copy, as for
 # bench/run_gpu.sh); without it Spillway's disk tier runs on POSIX I/O and the report says so.
 #
@@ -39,11 +43,28 @@ commit=${SPW_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1
 : >"$out/install.log"
+wheel_install() {
+  "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" "$@" \
+    >>"$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
+}
+kvikio_check() {
+  "$py" -c 'try:
+    import kvikio; print("kvikio", kvikio.__version__)
+except Exception as e:
+    print("import kvikio failed:", " ".join(repr(e).split())[:400])' 2>&1 | tail -1
+}
 if compgen -G "$wheels/*.whl" >/dev/null; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
-    "$wheels"/*.whl >>"$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
+  wheel_install "$wheels"/*.whl
   echo "wheels: $(cd "$wheels" && ls *.whl | tr '\n' ' ')"
 fi
+# libkvikio finds libcufile through cuda.pathfinder; only if the machine's copy cannot is
+# the carried one (optional/) put in front of it.
+k=$(kvikio_check)
+if [[ $k != kvikio* ]] && compgen -G "$wheels/optional/cuda_pathfinder-*.whl" >/dev/null; then
+  wheel_install "$wheels"/optional/cuda_pathfinder-*.whl
+  k="$(kvikio_check) (with the carried cuda-pathfinder; before: $k)"
+fi
+echo "$k"
 
 if [ "$phase" != run ]; then
   if [ ! -f /usr/include/liburing.h ] && [ -d .deps/liburing ]; then
