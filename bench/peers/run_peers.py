@@ -375,6 +375,10 @@ def kvikio_probe(kvikio, want: list[str]) -> tuple[list[str], dict]:
         if m == "gds":
             try:
                 import kvikio.cufile_driver
+                if kvikio.defaults.is_compat_mode_preferred():
+                    notes[m] = (f"KvikIO's compat_mode {kvikio.defaults.get('compat_mode').name} "
+                                "reduces to ON here (no usable cuFile: library, /run/udev, WSL)")
+                    continue
                 if not kvikio.cufile_driver.get("is_gds_available"):
                     notes[m] = "cuFile reports GDS unavailable on this machine"
                     continue
