@@ -753,15 +753,15 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--smoke", action="store_true",
-                    help="tiny sizes and 2 repetitions (4KiB,64KiB,1MiB; 4 MiB per size)")
-    ap.add_argument("--sizes", default="4KiB,64KiB,1MiB,256MiB")
-    ap.add_argument("--total", default="1GiB", help="host tier: bytes per size")
+                    help="other defaults: sizes 4KiB,64KiB,1MiB, 4 MiB per size, 2 repetitions")
+    ap.add_argument("--sizes", help="default 4KiB,64KiB,1MiB,256MiB")
+    ap.add_argument("--total", help="host tier: bytes per size (default 1GiB)")
     ap.add_argument("--max-count", type=int, default=262144, help="host tier: most buffers")
-    ap.add_argument("--disk-total", default="1GiB", help="disk tier: bytes per size")
+    ap.add_argument("--disk-total", help="disk tier: bytes per size (default 1GiB)")
     ap.add_argument("--disk-max-count", type=int, default=16384,
                     help="disk tier: most buffers (4 KiB: 64 MiB; each is its own request)")
-    ap.add_argument("--reps", type=int, default=5, help="host tier: timed round trips")
-    ap.add_argument("--disk-reps", type=int, default=3, help="disk tier: timed round trips")
+    ap.add_argument("--reps", type=int, help="host tier: timed round trips (default 5)")
+    ap.add_argument("--disk-reps", type=int, help="disk tier: timed round trips (default 3)")
     ap.add_argument("--warmup", type=int, default=1)
     ap.add_argument("--tiers", default="host,disk")
     ap.add_argument("--backend", default="auto", choices=["auto", "cuda", "host"])
@@ -776,9 +776,13 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     ap.add_argument("--json", help="write every measurement here")
     ap.add_argument("--markdown", help="write the report here too")
     a = ap.parse_args(argv)
-    if a.smoke:
-        a.sizes, a.total, a.disk_total = "4KiB,64KiB,1MiB", "4MiB", "4MiB"
-        a.reps = a.disk_reps = 2
+    defaults = (dict(sizes="4KiB,64KiB,1MiB", total="4MiB", disk_total="4MiB", reps=2,
+                     disk_reps=2) if a.smoke else
+                dict(sizes="4KiB,64KiB,1MiB,256MiB", total="1GiB", disk_total="1GiB", reps=5,
+                     disk_reps=3))
+    for k, v in defaults.items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
     a.sizes = parse_sizes(a.sizes)
     a.total, a.disk_total = spillway.parse_size(a.total), spillway.parse_size(a.disk_total)
     a.disk_host_limit = spillway.parse_size(a.disk_host_limit)

@@ -26,7 +26,7 @@
 # Files in $OUT: gpu.txt, install.log, peers.log (everything), peers.md (the report),
 # peers.json (every measurement). The report is printed at the end.
 set -uo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../.." || exit 1
 start=$SECONDS
 out=${OUT:-gpu-out-peers}
 mkdir -p "$out"
@@ -55,7 +55,7 @@ except Exception as e:
 }
 if compgen -G "$wheels/*.whl" >/dev/null; then
   wheel_install "$wheels"/*.whl
-  echo "wheels: $(cd "$wheels" && ls *.whl | tr '\n' ' ')"
+  echo "wheels: $(cd "$wheels" && printf '%s ' ./*.whl)"
 fi
 # libkvikio finds libcufile through cuda.pathfinder; only if the machine's copy cannot is
 # the carried one (optional/) put in front of it.
