@@ -55,6 +55,7 @@ typedef enum spw_fault {
   SPW_FAULT_ALLOC = 0,         /* alloc_async -> SPW_ERR_OUT_OF_MEMORY */
   SPW_FAULT_COPY = 1,          /* memcpy_async / copy_batch_async -> SPW_ERR_CUDA */
   SPW_FAULT_HOST_REGISTER = 2, /* host_register -> SPW_ERR_CUDA */
+  SPW_FAULT_LAUNCH = 3,        /* launch_kernel -> SPW_ERR_CUDA */
   SPW_FAULT_COUNT_
 } spw_fault_t;
 
