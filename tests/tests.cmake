@@ -34,3 +34,6 @@ spw_unit_test(test_disk_io)
 spw_behaviour_test(test_abandon)
 spw_behaviour_test(test_streams)
 spw_unit_test(test_stream_table)
+# Launch wrappers (issue 10). launch_tests.cmake adds what one line cannot: the CUDA kernels
+# of test_launch_kernel where nvcc exists, and the C++ tests.
+spw_behaviour_test(test_launch)
