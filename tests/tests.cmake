@@ -37,3 +37,6 @@ spw_unit_test(test_stream_table)
 # Launch wrappers (issue 10). launch_tests.cmake adds what one line cannot: the CUDA kernels
 # of test_launch_kernel where nvcc exists, and the C++ tests.
 spw_behaviour_test(test_launch)
+spw_behaviour_test(test_launch_kernel)
+spw_behaviour_test(test_launch_faults)
+include(${CMAKE_CURRENT_SOURCE_DIR}/launch_tests.cmake)

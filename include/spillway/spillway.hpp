@@ -335,17 +335,16 @@ constexpr std::size_t count_bufs() {
   return (std::size_t{0} + ... + (is_buf_v<A> ? std::size_t{1} : std::size_t{0}));
 }
 
-/* slot[i]: how many buffer arguments come before argument i. */
+/* slot[i]: how many buffer arguments come before argument i (the last: all of them). */
 template <class... A>
 constexpr std::array<std::size_t, sizeof...(A) + 1> buffer_slots() {
-  constexpr bool is[] = {is_buf_v<A>..., false};
+  constexpr bool is[] = {is_buf_v<A>..., false}; /* never empty */
   std::array<std::size_t, sizeof...(A) + 1> slot{};
-  std::size_t k = 0;
-  for (std::size_t i = 0; i < sizeof...(A); i++) {
-    slot[i] = k;
-    if (is[i]) k++;
+  std::size_t k = 0, i = 0;
+  for (bool b : is) {
+    slot[i++] = k;
+    k += b ? 1 : 0;
   }
-  slot[sizeof...(A)] = k;
   return slot;
 }
 
@@ -444,7 +443,8 @@ template <class F, class... A, std::size_t... I>
 decltype(auto) call(F &&f, spw_stream_t s, void *const *dptrs, std::index_sequence<I...>,
                     A &&...a) {
   constexpr auto slot = buffer_slots<A...>();
-  (void)dptrs;
+  (void)dptrs; /* both unused when no argument is a buffer */
+  (void)slot;
   return std::invoke(std::forward<F>(f), s, map_arg<slot[I]>(dptrs, std::forward<A>(a))...);
 }
 
