@@ -641,6 +641,44 @@ static void stream_wait_releases_nothing(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
+/* From a controller callback, the calls that would wait on a stream refuse. */
+typedef struct in_cb {
+  spw_runtime_t *rt;
+  spw_stream_t s;
+  int wait_st, block_st, calls;
+} in_cb_t;
+
+static int noop_fn(void *user, void *const *dptrs, spw_stream_t stream) {
+  (void)dptrs;
+  (void)stream;
+  ((in_cb_t *)user)->calls++;
+  return 0;
+}
+
+static void on_allocated(void *user, spw_buf_t buf, size_t bytes) {
+  (void)buf;
+  (void)bytes;
+  in_cb_t *c = user;
+  c->wait_st = spw_stream_wait(c->rt, c->s);
+  c->block_st = spw_lock_and_launch(c->rt, NULL, 0, c->s, SPW_LAUNCH_BLOCK, noop_fn, c);
+}
+
+static void waiting_calls_refuse_inside_a_callback(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  in_cb_t c = {.rt = rt};
+  ASSERT_OK(spw_stream_create(rt, &c.s));
+  spw_controller_t ctl = {.struct_size = sizeof ctl, .allocated = on_allocated};
+  ASSERT_OK(spw_set_controller(rt, &ctl, &c));
+  spw_buf_t b;
+  ASSERT_OK(spw_alloc(rt, 4096, c.s, &b));
+  ASSERT_OK(spw_set_controller(rt, NULL, NULL));
+  ASSERT_STATUS(c.wait_st, SPW_ERR_WOULD_DEADLOCK);
+  ASSERT_STATUS(c.block_st, SPW_ERR_WOULD_DEADLOCK);
+  ASSERT_EQ(c.calls, 0);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
 int main(void) {
   RUN(fn_gets_each_device_pointer_plus_its_offset);
   RUN(release_waits_for_the_work_fn_enqueued);
@@ -659,5 +697,6 @@ int main(void) {
   RUN(launch_without_buffers_calls_fn);
   RUN(acquire_args_writes_nothing_on_failure);
   RUN(stream_wait_releases_nothing);
+  RUN(waiting_calls_refuse_inside_a_callback);
   return 0;
 }

@@ -383,11 +383,12 @@ void views_go_to_a_cuda_kernel() {
   spw::Stream s(rt);
   spw::Buffer<std::uint32_t> v = filled<std::uint32_t>(s, 5000, 1);
   spw::Buffer<std::uint32_t> by = filled<std::uint32_t>(s, 5000, 10);
-  spw::lock_and_launch(s, [](spw_stream_t st, spw::View<std::uint32_t> a,
-                             spw::View<const std::uint32_t> b) {
+  cudaError_t e = spw::lock_and_launch(s, [](spw_stream_t st, spw::View<std::uint32_t> a,
+                                             spw::View<const std::uint32_t> b) {
     tlc_add<<<(unsigned)((a.size() + 255) / 256), 256, 0, st>>>(a, b);
     return cudaGetLastError();
   }, v, std::as_const(by));
+  ASSERT_EQ(e, cudaSuccess);
   std::vector<std::uint32_t> h = contents(s, v);
   for (std::uint32_t i = 0; i < 5000; i++) ASSERT_UEQ(h[i], 11 + 2 * i);
 }
