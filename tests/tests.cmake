@@ -35,7 +35,7 @@ spw_behaviour_test(test_abandon)
 spw_behaviour_test(test_streams)
 spw_unit_test(test_stream_table)
 # Launch wrappers (issue 10). launch_tests.cmake adds what one line cannot: the CUDA kernels
-# of test_launch_kernel where nvcc exists, and the C++ tests.
+# of test_launch_kernel and test_launch_faults where nvcc exists, and the C++ tests.
 spw_behaviour_test(test_launch)
 spw_behaviour_test(test_launch_kernel)
 spw_behaviour_test(test_launch_faults)
