@@ -7,6 +7,7 @@ set -euo pipefail
 need=()
 command -v cmake >/dev/null 2>&1 || need+=(cmake)
 command -v gcc >/dev/null 2>&1 || need+=(build-essential)
+command -v g++ >/dev/null 2>&1 || need+=(g++) # the C++ header's tests and example
 command -v pkg-config >/dev/null 2>&1 || need+=(pkg-config)
 [ -f /usr/include/liburing.h ] || need+=(liburing-dev)
 [ ${#need[@]} -eq 0 ] && exit 0

@@ -51,6 +51,15 @@ static int entries_in(const char *dir) {
   return n;
 }
 
+/* Removes a test's spill directory, which the runtime must have left empty; says what is
+ * there if it is not. */
+static void remove_spill_dir(const char *dir) {
+  if (rmdir(dir) == 0) return;
+  perror("rmdir of the spill directory");
+  ASSERT_EQ(entries_in(dir), 0);
+  ASSERT_EQ(rmdir(dir), 0);
+}
+
 static spw_runtime_t *disk_runtime(const char *dir, uint64_t device_limit, uint64_t host_limit) {
   spw_config_t cfg = SPW_CONFIG_INIT; /* cfg.io stays 0: SPILLWAY_IO decides */
   cfg.spill_dir = dir;
@@ -129,7 +138,7 @@ static void buffers_go_device_host_disk_device_intact(void) {
   ASSERT_UEQ(st.disk_bytes, 0);
   for (size_t i = 0; i < nb; i++) ASSERT_OK(spw_free(rt, b[i]));
   ASSERT_OK(spw_runtime_destroy(rt));
-  ASSERT_EQ(rmdir(dir), 0);
+  remove_spill_dir(dir);
 }
 
 static void spill_to_disk_tier_skips_the_host(void) {
@@ -161,7 +170,7 @@ static void spill_to_disk_tier_skips_the_host(void) {
     ASSERT_OK(spw_free(rt, b));
   }
   ASSERT_OK(spw_runtime_destroy(rt));
-  ASSERT_EQ(rmdir(dir), 0);
+  remove_spill_dir(dir);
 }
 
 /* Four threads, each with its own buffers and stream, in an 8 MiB device / 4 MiB host
@@ -204,7 +213,7 @@ static void spill_to_a_full_host_tier_goes_to_disk(void) {
   expect_contents(rt, b, s, n, 70);
   ASSERT_OK(spw_free(rt, b));
   ASSERT_OK(spw_runtime_destroy(rt));
-  ASSERT_EQ(rmdir(dir), 0);
+  remove_spill_dir(dir);
 }
 
 static void *dt_main(void *arg) {
@@ -273,7 +282,7 @@ static void four_threads_under_pressure_keep_contents(void) {
   ASSERT_UEQ(end.disk_bytes, 0);
   ASSERT_UEQ(end.host_bytes, 0);
   ASSERT_OK(spw_runtime_destroy(rt));
-  ASSERT_EQ(rmdir(dir), 0);
+  remove_spill_dir(dir);
 }
 
 static void write_eio_keeps_buffer_on_host(void) {
@@ -301,7 +310,7 @@ static void write_eio_keeps_buffer_on_host(void) {
   expect_contents(rt, b, s, n, 60);
   ASSERT_OK(spw_free(rt, b));
   ASSERT_OK(spw_runtime_destroy(rt));
-  ASSERT_EQ(rmdir(dir), 0);
+  remove_spill_dir(dir);
 }
 
 static void write_eio_on_direct_spill_keeps_buffer_resident(void) {
@@ -324,7 +333,7 @@ static void write_eio_on_direct_spill_keeps_buffer_resident(void) {
   expect_contents(rt, b, s, n, 61);
   ASSERT_OK(spw_free(rt, b));
   ASSERT_OK(spw_runtime_destroy(rt));
-  ASSERT_EQ(rmdir(dir), 0);
+  remove_spill_dir(dir);
 }
 
 static void read_eio_fails_acquire_and_keeps_buffer_on_disk(void) {
@@ -349,7 +358,7 @@ static void read_eio_fails_acquire_and_keeps_buffer_on_disk(void) {
   expect_contents(rt, b, s, n, 62);
   ASSERT_OK(spw_free(rt, b));
   ASSERT_OK(spw_runtime_destroy(rt));
-  ASSERT_EQ(rmdir(dir), 0);
+  remove_spill_dir(dir);
 }
 
 static void spill_file_is_invisible_and_leaves_no_trace(void) {
@@ -369,7 +378,7 @@ static void spill_file_is_invisible_and_leaves_no_trace(void) {
   /* Destroyed with buffers still on disk: nothing is left behind either. */
   ASSERT_OK(spw_runtime_destroy(rt));
   ASSERT_EQ(entries_in(dir), 0);
-  ASSERT_EQ(rmdir(dir), 0);
+  remove_spill_dir(dir);
 }
 
 static void enospc_on_small_tmpfs_keeps_buffers_on_host(void) {
@@ -414,7 +423,7 @@ static void enospc_on_small_tmpfs_keeps_buffers_on_host(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
   ASSERT_EQ(entries_in(dir), 0);
   ASSERT_EQ(umount2(dir, MNT_DETACH), 0);
-  ASSERT_EQ(rmdir(dir), 0);
+  remove_spill_dir(dir);
 }
 
 /* Skips the whole run (77) when SPILLWAY_IO=uring and the kernel refuses io_uring: the
@@ -430,7 +439,7 @@ static void skip_if_uring_refused(void) {
   const int st = spw_wait_idle(rt);
   ASSERT_OK(spw_free(rt, b));
   ASSERT_OK(spw_runtime_destroy(rt));
-  ASSERT_EQ(rmdir(dir), 0);
+  remove_spill_dir(dir);
   const char *io = getenv("SPILLWAY_IO");
   printf("SPILLWAY_IO=%s: disk tier %s\n", io ? io : "(unset)", spw_err_name(st));
   TEST_SKIP_IF(st == SPW_ERR_UNSUPPORTED && io && strcmp(io, "uring") == 0,
@@ -474,7 +483,7 @@ static void alloc_with_host_and_disk_full_says_the_disk_is_full(void) {
   for (int i = 1; i < 5; i++)
     if (i != 3) ASSERT_OK(spw_free(rt, b[i]));
   ASSERT_OK(spw_runtime_destroy(rt));
-  ASSERT_EQ(rmdir(dir), 0);
+  remove_spill_dir(dir);
 }
 
 static void setup(void) {

@@ -217,7 +217,8 @@ static void run_with(const fault_t *f, size_t at) {
 
 static const char *const kind_names[SPW_FAULT_COUNT_] = {
     "alloc", "copy", "host_register", "event_create", "event_record", "event_query",
-    "event_sync", "stream_wait", "stream_sync", "stream_create", "host_func", "mem_info"};
+    "event_sync", "stream_wait", "stream_sync", "stream_create", "host_func", "mem_info",
+    "launch"};
 
 /* Every backend operation kind, at every step, as the first, second and fifth of its kind. */
 static void every_backend_failure_leaves_data_intact_and_the_runtime_working(void) {
@@ -229,6 +230,7 @@ static void every_backend_failure_leaves_data_intact_and_the_runtime_working(voi
   int runs = 0;
   for (int k = 0; k < SPW_FAULT_COUNT_; k++) {
     if (k == SPW_FAULT_MEM_INFO) continue; /* creation only: the next test */
+    if (k == SPW_FAULT_LAUNCH) continue;   /* kernels: test_launch_faults */
     for (size_t sk = 0; sk < sizeof skips / sizeof skips[0]; sk++)
       for (size_t at = 0; at < NSTEPS; at++) {
         fault_t f = {0, (spw_fault_t)k, skips[sk]};

@@ -40,3 +40,10 @@ if(TARGET spillway-demo)
   set_tests_properties(spillway_demo.host PROPERTIES LABELS cpu)
   set_tests_properties(spillway_demo.cuda PROPERTIES LABELS gpu)
 endif()
+
+# Launch wrappers (issue 10). launch_tests.cmake adds what one line cannot: the CUDA kernels
+# of test_launch_kernel and test_launch_faults where nvcc exists, and the C++ tests.
+spw_behaviour_test(test_launch)
+spw_behaviour_test(test_launch_kernel SEAM)
+spw_behaviour_test(test_launch_faults SEAM)
+include(${CMAKE_CURRENT_SOURCE_DIR}/launch_tests.cmake)

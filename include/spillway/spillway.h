@@ -446,6 +446,194 @@ typedef struct spw_controller {
 SPW_API int spw_set_controller(spw_runtime_t *rt, const spw_controller_t *controller,
                                void *user);
 
+/* =======================================================================================
+ * Launch wrappers (RMMEP-1's lockAndLaunch, lockAndLaunchAsync and syncAndUnlock):
+ * src/api/launch_api.c. This section ends at "end of launch wrappers" below.
+ *
+ * Each wrapper acquires a list of buffers on one stream (all or nothing, each buffer with its
+ * own flags and byte offset), runs the caller's work on that stream, and releases exactly the
+ * locks it took once that work has completed, leaving every other lock of the stream alone.
+ * On any failure nothing stays locked and spw_last_error names the argument that failed
+ * ("argument 2 (buffer 0x...): SPW_ERR_FREED: ..."). syncAndUnlock is
+ * spw_stream_synchronize. include/spillway/spillway.hpp builds the C++ templates on these.
+ * ===================================================================================== */
+
+/* One buffer of a launch. The device pointer handed on is the buffer's + `offset` (at most
+ * the buffer's size); `flags` are spw_acquire's (SPW_ACQUIRE_READ, SPW_ACQUIRE_TRY) for this
+ * buffer alone. `reserved` must be 0, so that a later version can give it a meaning; build
+ * entries with spw_buf_arg(). */
+typedef struct spw_buf_arg_s {
+  spw_buf_t buf;
+  uint64_t offset;
+  uint32_t flags;
+  uint32_t reserved;
+} spw_buf_arg_t;
+
+static inline spw_buf_arg_t spw_buf_arg(spw_buf_t buf, uint64_t offset, unsigned flags) {
+  spw_buf_arg_t a;
+  a.buf = buf;
+  a.offset = offset;
+  a.flags = (uint32_t)flags;
+  a.reserved = 0;
+  return a;
+}
+
+/* How the wrappers release the locks they took (0: asynchronously, see each function). */
+#define SPW_LAUNCH_BLOCK 0x1u      /* block until the launched work has completed, then release */
+#define SPW_LAUNCH_KEEP_LOCKS 0x2u /* leave the locks in the stream's lock map, for
+                                      spw_stream_synchronize or spw_stream_release_async
+                                      (lockAndLaunchAsync) */
+
+/* Blocks until the work enqueued on `stream` so far has completed, and releases nothing
+ * (cudaStreamSynchronize; unlike spw_stream_synchronize, every lock stays held). Errors:
+ * SPW_ERR_INVALID_ARG, SPW_ERR_INVALID_STREAM, SPW_ERR_CUDA, SPW_ERR_WOULD_DEADLOCK (from a
+ * controller callback). */
+SPW_API int spw_stream_wait(spw_runtime_t *rt, spw_stream_t stream);
+
+/* spw_acquire_n with flags and an offset per buffer: locks args[0..n) on `stream` (recorded
+ * in its lock map, like spw_acquire) and writes each device pointer + offset to dptrs[i].
+ * All or nothing: on error no lock is held, dptrs is untouched and spw_last_error names the
+ * failing entry. A handle may appear several times (one lock each). Errors: as spw_acquire,
+ * plus SPW_ERR_INVALID_ARG (args or dptrs NULL, n 0, unknown flag bits, reserved not 0, an
+ * offset past the end of its buffer). */
+SPW_API SPW_NODISCARD int spw_acquire_args(spw_runtime_t *rt, const spw_buf_arg_t *args,
+                                           size_t n, spw_stream_t stream, void **dptrs);
+
+/* The caller's work: enqueue it on `stream`, using dptrs[i] for args[i]; return 0, or a
+ * nonzero code of your choice, which the wrapper returns as it is (Spillway's own codes are
+ * negative). Runs on the calling thread, with the locks held and no Spillway lock held: it
+ * may call Spillway (a nested wrapper included), but must not synchronize `stream` with
+ * spw_stream_synchronize (that would release the wrapper's locks under it). */
+typedef int (*spw_launch_fn)(void *user, void *const *dptrs, spw_stream_t stream);
+
+/* lockAndLaunch: acquires args[0..n) on `stream` as spw_acquire_args does, calls
+ * fn(user, dptrs, stream), then releases those locks, and only those, once the work fn
+ * enqueued on `stream` has completed. `flags`:
+ *  - 0: returns at once; the locks are released when `stream` passes this point
+ *    (spw_release_n_async). If that cannot be scheduled (out of memory, an event failure),
+ *    the call waits for the stream instead, then releases;
+ *  - SPW_LAUNCH_BLOCK: waits for the stream (spw_stream_wait), then releases; on return the
+ *    locks are gone. If the wait fails, the locks stay in the stream's lock map (released by
+ *    a later spw_stream_synchronize) and its error is returned;
+ *  - SPW_LAUNCH_KEEP_LOCKS: spw_lock_and_launch_async.
+ * If fn returns nonzero, its locks are released as with flags 0 (after whatever fn enqueued,
+ * also under SPW_LAUNCH_KEEP_LOCKS), and its code is returned. n may be 0 (args then may be
+ * NULL). Errors: as spw_acquire_args (fn is not called), SPW_ERR_INVALID_ARG (fn NULL, unknown
+ * flags, both flags), SPW_ERR_INVALID_STREAM, SPW_ERR_WOULD_DEADLOCK (SPW_LAUNCH_BLOCK from a
+ * controller callback), and the release's errors after fn ran. Thread-safe; the same stream
+ * may be used by several threads at once. */
+SPW_API int spw_lock_and_launch(spw_runtime_t *rt, const spw_buf_arg_t *args, size_t n,
+                                spw_stream_t stream, unsigned flags, spw_launch_fn fn,
+                                void *user);
+
+/* lockAndLaunchAsync: spw_lock_and_launch with SPW_LAUNCH_KEEP_LOCKS. The locks stay in
+ * `stream`'s lock map, like spw_acquire's, and go with the stream's other locks at the next
+ * spw_stream_synchronize (syncAndUnlock) or spw_stream_release_async. */
+SPW_API int spw_lock_and_launch_async(spw_runtime_t *rt, const spw_buf_arg_t *args, size_t n,
+                                      spw_stream_t stream, spw_launch_fn fn, void *user);
+
+/* Grid and block dimensions, laid out as CUDA's dim3. */
+typedef struct spw_dim3_s {
+  unsigned x, y, z;
+} spw_dim3_t;
+
+static inline spw_dim3_t spw_dim3(unsigned x, unsigned y, unsigned z) {
+  spw_dim3_t d;
+  d.x = x;
+  d.y = y;
+  d.z = z;
+  return d;
+}
+
+/* One kernel argument: a value (as cudaLaunchKernel's args[i], plus its size), or a buffer,
+ * which the kernel receives as a pointer-sized argument holding its device pointer + offset.
+ * `reserved` must be 0. Build them with spw_karg_value / SPW_KARG and spw_karg_buf. */
+typedef enum spw_karg_kind {
+  SPW_KARG_VALUE = 1,
+  SPW_KARG_BUFFER = 2,
+} spw_karg_kind_t;
+
+typedef struct spw_kernel_arg {
+  uint32_t kind;     /* spw_karg_kind_t */
+  uint32_t reserved; /* 0 */
+  const void *value; /* VALUE: the argument's value, read during the call */
+  size_t size;       /* VALUE: its size in bytes (CUDA takes the real size from the kernel;
+                        the host backend copies this many) */
+  spw_buf_arg_t buf; /* BUFFER: handle, byte offset, flags */
+} spw_kernel_arg_t;
+
+static inline spw_kernel_arg_t spw_karg_value(const void *value, size_t size) {
+  spw_kernel_arg_t a;
+  a.kind = SPW_KARG_VALUE;
+  a.reserved = 0;
+  a.value = value;
+  a.size = size;
+  a.buf = spw_buf_arg(SPW_BUF_NULL, 0, 0);
+  return a;
+}
+#define SPW_KARG(lvalue) spw_karg_value(&(lvalue), sizeof(lvalue))
+
+static inline spw_kernel_arg_t spw_karg_buf(spw_buf_t buf, uint64_t offset, unsigned flags) {
+  spw_kernel_arg_t a;
+  a.kind = SPW_KARG_BUFFER;
+  a.reserved = 0;
+  a.value = NULL;
+  a.size = 0;
+  a.buf = spw_buf_arg(buf, offset, flags);
+  return a;
+}
+
+#define SPW_KERNEL_ARGS_MAX 1024          /* arguments of one launch */
+#define SPW_KERNEL_ARG_BYTES_MAX 32764u   /* their values together (CUDA's parameter limit) */
+
+/* The host backend's stand-in for a kernel: run once on the stream's worker thread, with
+ * args[i] pointing to a copy of argument i (buffers: a void * holding device pointer +
+ * offset), taken when the launch was enqueued, as cudaLaunchKernel copies its arguments.
+ * Grid, block and shared memory size are not used there. Pass it as spw_host_kernel(fn). */
+typedef void (*spw_host_kernel_fn)(void **args);
+
+static inline const void *spw_host_kernel(spw_host_kernel_fn fn) {
+#ifdef __cplusplus
+  return reinterpret_cast<const void *>(fn);
+#else
+  /* ISO C has no cast from a function pointer to void *; POSIX gives both one layout. */
+  union {
+    spw_host_kernel_fn fn;
+    const void *p;
+  } u;
+  u.fn = fn;
+  return u.p;
+#endif
+}
+
+/* Launches a kernel cudaLaunchKernel-style with buffers among its arguments: acquires every
+ * SPW_KARG_BUFFER argument on `stream` (all or nothing, each with its own flags), puts its
+ * device pointer + offset in a copy of the argument array, launches, and releases those
+ * locks once the kernel has completed, as spw_lock_and_launch does with the same `flags`
+ * (0: without blocking; SPW_LAUNCH_BLOCK; SPW_LAUNCH_KEEP_LOCKS). The argument values are
+ * read before the call returns; `args` may be reused at once.
+ *
+ * `func`: on the CUDA backend the kernel, as for cudaLaunchKernel: its host stub when the
+ * caller and Spillway share one CUDA runtime (linking the static library), or in any case a
+ * cudaKernel_t from cudaGetKernel(&k, kernel) cast to const void * (the shared library
+ * carries its own CUDA runtime, which does not know the application's host stubs). On the
+ * host backend, spw_host_kernel(fn).
+ *
+ * Errors: SPW_ERR_INVALID_ARG (func NULL, a zero grid or block dimension, nargs past
+ * SPW_KERNEL_ARGS_MAX, args NULL with nargs > 0, an unknown kind, a value NULL or of size 0,
+ * values past SPW_KERNEL_ARG_BYTES_MAX together, bad flags, and spw_acquire_args' reasons),
+ * SPW_ERR_INVALID_STREAM, the acquire errors of a buffer argument (spw_last_error names it:
+ * "kernel argument 3 (buffer 0x...): ..."), SPW_ERR_CUDA (the launch failed: nothing was
+ * launched, nothing stays locked, spw_last_error has CUDA's text), and the release's errors
+ * after a launch (spw_lock_and_launch). Thread-safe. */
+SPW_API int spw_launch_kernel(spw_runtime_t *rt, const void *func, spw_dim3_t grid,
+                              spw_dim3_t block, const spw_kernel_arg_t *args, size_t nargs,
+                              size_t shared_bytes, spw_stream_t stream, unsigned flags);
+
+/* ======================================================================================
+ * end of launch wrappers
+ * ==================================================================================== */
+
 #ifdef __cplusplus
 }
 #endif

@@ -108,6 +108,16 @@ typedef struct spw_backend_ops {
 
   /* Enqueues fn(arg) on the stream (cudaLaunchHostFunc). fn must not call the backend. */
   int (*launch_host_func)(spw_backend_t *b, spw_stream_t s, spw_host_fn fn, void *arg);
+
+  /* Launches a kernel on the stream (cudaLaunchKernel): args[i] points to argument i's
+   * value, sizes[i] bytes, copied before the call returns. cuda: `func` is a host stub or a
+   * cudaKernel_t, and sizes go unused (the kernel's signature gives them). host: `func` is
+   * a spw_host_kernel_fn, run once on the stream's worker with pointers to its own copy of
+   * the values; grid, block and shared_bytes go unused. The caller has checked the
+   * dimensions, the count and the sizes. */
+  int (*launch_kernel)(spw_backend_t *b, spw_stream_t s, const void *func, spw_dim3_t grid,
+                       spw_dim3_t block, size_t shared_bytes, void **args, const size_t *sizes,
+                       size_t nargs);
 } spw_backend_ops_t;
 
 /* The implementations; the CUDA one exists only in builds with CUDA (SPW_HAVE_CUDA). */

@@ -376,6 +376,21 @@ static int cuda_launch_host_func(spw_backend_t *b, spw_stream_t st, spw_host_fn 
   return s != SPW_OK ? s : check(cb, cudaLaunchHostFunc(st, fn, arg));
 }
 
+static int cuda_launch_kernel(spw_backend_t *b, spw_stream_t st, const void *func, spw_dim3_t grid,
+                              spw_dim3_t block, size_t shared_bytes, void **args,
+                              const size_t *sizes, size_t nargs) {
+  (void)sizes;
+  (void)nargs;
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  dim3 g = {grid.x, grid.y, grid.z};
+  dim3 k = {block.x, block.y, block.z};
+  /* A refused launch is never out of memory: the buffers are already on the device. */
+  cudaError_t e = cudaLaunchKernel(func, g, k, args, shared_bytes, st);
+  return e == cudaSuccess ? SPW_OK : fail_as(cb, e, SPW_ERR_CUDA);
+}
+
 const spw_backend_ops_t spw__backend_cuda_ops = {
     .name = "cuda",
     .kind = SPW_BACKEND_CUDA,
@@ -400,6 +415,7 @@ const spw_backend_ops_t spw__backend_cuda_ops = {
     .host_register = cuda_host_register,
     .host_unregister = cuda_host_unregister,
     .launch_host_func = cuda_launch_host_func,
+    .launch_kernel = cuda_launch_kernel,
 };
 
 #else

@@ -129,6 +129,13 @@ static int sh_launch_host_func(spw_backend_t *b, spw_stream_t st, spw_host_fn fn
   return SHIM(b)->ops->launch_host_func(INNER(b), st, fn, arg);
 }
 
+static int sh_launch_kernel(spw_backend_t *b, spw_stream_t st, const void *func, spw_dim3_t grid,
+                            spw_dim3_t block, size_t shared, void **args, const size_t *sizes,
+                            size_t nargs) {
+  FAIL_IF(SPW_FAULT_LAUNCH, st, SPW_ERR_CUDA);
+  return SHIM(b)->ops->launch_kernel(INNER(b), st, func, grid, block, shared, args, sizes, nargs);
+}
+
 static const spw_backend_ops_t shim_ops = {
     .name = "faults",
     .create = sh_create,
@@ -152,6 +159,7 @@ static const spw_backend_ops_t shim_ops = {
     .host_register = sh_host_register,
     .host_unregister = sh_host_unregister,
     .launch_host_func = sh_launch_host_func,
+    .launch_kernel = sh_launch_kernel,
 };
 
 int spw__faults_wrap(const spw_backend_ops_t *inner_ops, spw_backend_t *inner,

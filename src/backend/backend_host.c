@@ -4,7 +4,8 @@
  *
  * Owns the emulated device memory (host blocks behind a 256-byte header, all on one list so
  * that destroy frees what the caller left behind), its capacity accounting, the streams (one
- * FIFO worker thread each) and the events.
+ * FIFO worker thread each) and the events. A "kernel" is a host function
+ * (spw_host_kernel_fn) run on the stream's worker with a copy of its arguments.
  *
  * Invariants:
  *  - a stream runs its ops one at a time in enqueue order; op number k (1-based) is done
@@ -25,6 +26,7 @@
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -52,6 +54,7 @@ typedef enum host_op_kind {
   OP_HOST_FN,
   OP_FREE,
   OP_WAIT,
+  OP_KERNEL,
 } host_op_kind_t;
 
 typedef struct host_op {
@@ -79,6 +82,10 @@ typedef struct host_op {
       host_stream_t *stream; /* referenced until the wait is over */
       uint64_t seq;
     } wait;
+    struct {
+      spw_host_kernel_fn fn;
+      void **args; /* one block: the argument pointers, then the values they point to */
+    } kernel;
   } u;
 } host_op_t;
 
@@ -202,6 +209,10 @@ static void op_run(host_stream_t *s, host_op_t *op) {
   case OP_WAIT:
     wait_for_seq(op->u.wait.stream, op->u.wait.seq);
     stream_unref(op->u.wait.stream);
+    break;
+  case OP_KERNEL:
+    op->u.kernel.fn(op->u.kernel.args);
+    free(op->u.kernel.args);
     break;
   }
 }
@@ -652,6 +663,47 @@ static int host_launch_host_func(spw_backend_t *b, spw_stream_t s, spw_host_fn f
   return SPW_OK;
 }
 
+/* There are no kernels here: `func` is a spw_host_kernel_fn, run on the stream's worker. It
+ * gets its own copy of the argument values, taken now, as cudaLaunchKernel copies them at
+ * launch, so the caller may reuse its variables at once. */
+#define KARG_ALIGN _Alignof(max_align_t)
+
+static size_t karg_round(size_t n) { return (n + KARG_ALIGN - 1) / KARG_ALIGN * KARG_ALIGN; }
+
+static int host_launch_kernel(spw_backend_t *b, spw_stream_t s, const void *func, spw_dim3_t grid,
+                              spw_dim3_t block, size_t shared_bytes, void **args,
+                              const size_t *sizes, size_t nargs) {
+  (void)grid;
+  (void)block;
+  (void)shared_bytes;
+  if (!func || (nargs && (!args || !sizes))) return SPW_ERR_INVALID_ARG;
+  size_t head = karg_round(nargs * sizeof(void *)), total = head;
+  for (size_t i = 0; i < nargs; i++) total += karg_round(sizes[i]);
+  void **copy = malloc(total ? total : 1);
+  if (!copy) return report_errno(b, "malloc", ENOMEM);
+  char *at = (char *)copy + head;
+  for (size_t i = 0; i < nargs; i++) {
+    memcpy(at, args[i], sizes[i]);
+    copy[i] = at;
+    at += karg_round(sizes[i]);
+  }
+  spw_host_kernel_fn fn;
+  memcpy(&fn, &func, sizeof fn); /* the inverse of spw_host_kernel() */
+
+  host_stream_t *hs = from_handle(s);
+  host_op_t *op = NULL;
+  int st = op_get(b, hs, &op);
+  if (st != SPW_OK) {
+    free(copy);
+    return st;
+  }
+  op->kind = OP_KERNEL;
+  op->u.kernel.fn = fn;
+  op->u.kernel.args = copy;
+  op_push(hs, op);
+  return SPW_OK;
+}
+
 const spw_backend_ops_t spw__backend_host_ops = {
     .name = "host",
     .kind = SPW_BACKEND_HOST,
@@ -676,4 +728,5 @@ const spw_backend_ops_t spw__backend_host_ops = {
     .host_register = host_host_register,
     .host_unregister = host_host_unregister,
     .launch_host_func = host_launch_host_func,
+    .launch_kernel = host_launch_kernel,
 };

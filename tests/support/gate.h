@@ -9,6 +9,10 @@
 #include <pthread.h>
 #include <stdbool.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 #define GATE_TIMEOUT_S 5
 
 typedef struct gate {
@@ -30,5 +34,9 @@ bool gate_timed_out(gate_t *g);
 /* Opens `g` after `ms` from another thread (for a blocked call to go on); join *thread
  * before the gate goes away. */
 void gate_open_later(gate_t *g, long ms, pthread_t *thread);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* SPILLWAY_TESTS_GATE_H */

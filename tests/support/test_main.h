@@ -10,6 +10,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
 typedef struct spw_test {
   const char *name;
   void (*fn)(void);
@@ -40,5 +44,9 @@ int spw_test_main(const spw_suite_t *suite, int argc, char **argv);
 /* The run's random seed: SPW_TEST_SEED if set, else the clock; printed once, so that a
  * failing run can be replayed. */
 uint64_t spw_test_seed(void);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif /* SPILLWAY_TESTS_TEST_MAIN_H */
