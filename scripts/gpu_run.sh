@@ -1,0 +1,147 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
+# The GPU machine's checks, in phases, for a lent H100/H200 (no network, a 10-minute limit
+# per command): run from the repository root, with the phases of one command as arguments.
+#
+#   setup        record the device; use .deps/pkgconf and .deps/liburing (unpacked Debian
+#                packages, carried) when the machine lacks them
+#   build        configure and build build-gpu/ (Release, sm_90, liburing static)
+#   tests        ctest -L gpu, one test at a time (each runtime sizes its budget from the
+#                free device memory), then the cpu tests in parallel
+#   sanitizer    compute-sanitizer memcheck and synccheck over the GPU behaviour tests, the
+#                examples and the stress test (short runs)
+#   soak-start   the 10-minute soak (tests/stress: 16 threads, 4x oversubscribed, disk tier
+#                on, spills and prefetches from another thread) in the background, detached
+#   soak-wait    waits for it and prints its result
+#   bench        spill_bw, oversubscribe (three runs), disk_bw, lock_latency, launch_overhead,
+#                the demo
+#   py-install, py-tests, suite-builtin, suite-spillway, suite-compare, py-bench
+#                tests/python/run_gpu.sh's phases (numba-cuda's suite under both managers)
+#   peers        bench/peers/run_peers.sh (PyTorch and KvikIO next to Spillway)
+#   pack         every log so far into $OUT/logs-<tag>.tgz (files back are limited in number)
+#
+# Logs go to $SPW_GPU_LOGS (default /tmp/gpu-logs, kept across the commands of one machine);
+# the summary lines go to stdout. SPW_COMMIT names the commit in the logs.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+logs=${SPW_GPU_LOGS:-/tmp/gpu-logs}
+mkdir -p "$logs"
+build=build-gpu
+export PATH=/usr/local/cuda/bin:$PATH
+[ -d "$PWD/.deps/pkgconf/usr/bin" ] && ! command -v pkg-config >/dev/null &&
+  export PATH=$PWD/.deps/pkgconf/usr/bin:$PATH LD_LIBRARY_PATH=$PWD/.deps/pkgconf/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export SPILLWAY_SPILL_DIR=${SPILLWAY_SPILL_DIR:-/tmp}
+
+phase_setup() {
+  {
+    date -u +%Y-%m-%dT%H:%MZ
+    echo "commit ${SPW_COMMIT:-unknown}"
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm --format=csv
+    nproc
+    df -h /tmp | tail -1
+    command -v compute-sanitizer pkg-config nvcc python3
+  } >"$logs/machine.txt" 2>&1
+  head -4 "$logs/machine.txt" | tail -2
+}
+
+phase_build() {
+  local prefix=()
+  [ -f /usr/include/liburing.h ] || prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/liburing/usr")
+  if cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
+    "${prefix[@]}" >"$logs/build.log" 2>&1 && cmake --build "$build" -j"$(nproc)" >>"$logs/build.log" 2>&1; then
+    echo "build: ok ($(grep -m1 'liburing' "$logs/build.log" | sed 's/^-- //'))"
+  else
+    echo "build: FAILED"
+    tail -30 "$logs/build.log"
+    return 1
+  fi
+}
+
+phase_tests() {
+  ctest --test-dir "$build" -L gpu -j1 --timeout 600 --output-on-failure >"$logs/ctest-gpu.log" 2>&1
+  echo "gpu tests rc=$?: $(grep -E 'tests passed' "$logs/ctest-gpu.log")"
+  grep -E '\*\*\*|Failed' "$logs/ctest-gpu.log" | grep -v Skipped | head -20
+  ctest --test-dir "$build" -L cpu -j8 --output-on-failure >"$logs/ctest-cpu.log" 2>&1
+  echo "cpu tests rc=$?: $(grep -E 'tests passed' "$logs/ctest-cpu.log")"
+}
+
+phase_sanitizer() {
+  local t tool rc
+  for tool in memcheck synccheck; do
+    for t in test_spill test_abandon test_budget test_stream_release test_locks test_launch_kernel; do
+      [ -x "$build/tests/$t" ] || continue
+      SPILLWAY_BACKEND=cuda timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+        --print-limit 20 "$build/tests/$t" >"$logs/san-$tool-$t.log" 2>&1
+      rc=$?
+      echo "$tool $t rc=$rc: $(grep -m1 'ERROR SUMMARY' "$logs/san-$tool-$t.log")"
+    done
+    [ -x "$build/docs/examples/example_launch_c" ] &&
+      SPILLWAY_BACKEND=cuda timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 \
+        "$build/docs/examples/example_launch_c" >"$logs/san-$tool-example.log" 2>&1 &&
+      echo "$tool example_launch_c: $(grep -m1 'ERROR SUMMARY' "$logs/san-$tool-example.log")"
+  done
+  OUT=$logs SAN_SECONDS=${SAN_SECONDS:-20} tests/stress/run_gpu_stress.sh "$build" memcheck synccheck
+}
+
+phase_soak_start() {
+  OUT=$logs SOAK_SECONDS=${SOAK_SECONDS:-600} SOAK_BUDGET=${SOAK_BUDGET:-3GiB} \
+    setsid nohup tests/stress/run_gpu_stress.sh "$build" soak >"$logs/soak-summary.txt" 2>&1 </dev/null &
+  echo "soak: started (pid $!), ${SOAK_SECONDS:-600} s"
+}
+
+phase_soak_wait() {
+  while pgrep -f "spw_stress --soak" >/dev/null; do sleep 5; done
+  sleep 1
+  cat "$logs/soak-summary.txt"
+}
+
+phase_bench() {
+  local b
+  for b in lock_latency spill_bw disk_bw launch_overhead; do
+    [ -x "$build/bench/$b" ] || continue
+    SPILLWAY_BACKEND=cuda timeout 300 "$build/bench/$b" >"$logs/$b.txt" 2>&1
+    echo "== $b rc=$?"
+    tail -22 "$logs/$b.txt"
+  done
+  for r in 1 2 3; do
+    SPILLWAY_BACKEND=cuda timeout 240 "$build/bench/oversubscribe" >"$logs/oversubscribe-$r.txt" 2>&1
+    echo "== oversubscribe run $r rc=$?"
+    tail -12 "$logs/oversubscribe-$r.txt"
+  done
+  timeout 240 "$build/demo/spillway-demo" >"$logs/demo.txt" 2>&1
+  echo "== demo rc=$?"
+  tail -12 "$logs/demo.txt"
+}
+
+py() { OUT=$logs/python tests/python/run_gpu.sh "$@"; }
+
+phase_pack() {
+  local tag=${SPW_PACK_TAG:-$(date +%H%M%S)}
+  if [ -n "${OUT:-}" ]; then
+    tar czf "$OUT/logs-$tag.tgz" -C "$logs" . && echo "packed $(du -h "$OUT/logs-$tag.tgz" | cut -f1) of logs"
+  fi
+}
+
+for phase in "$@"; do
+  case $phase in
+  setup) phase_setup ;;
+  build) phase_build || exit 1 ;;
+  tests) phase_tests ;;
+  sanitizer) phase_sanitizer ;;
+  soak-start) phase_soak_start ;;
+  soak-wait) phase_soak_wait ;;
+  bench) phase_bench ;;
+  py-install) py install ;;
+  py-tests) py tests ;;
+  suite-builtin) py suite-builtin ;;
+  suite-spillway) py suite-spillway ;;
+  suite-compare) py compare ;;
+  py-bench) py bench ;;
+  peers) OUT=$logs/peers bench/peers/run_peers.sh run ;;
+  pack) phase_pack ;;
+  *)
+    sed -n 3,26p "$0"
+    exit 2
+    ;;
+  esac
+done
