@@ -34,3 +34,8 @@ spw_unit_test(test_disk_io)
 spw_behaviour_test(test_abandon)
 spw_behaviour_test(test_streams)
 spw_unit_test(test_stream_table)
+spw_behaviour_test(test_kill DISK)
+target_link_options(test_kill PRIVATE -Wl,--wrap=open -Wl,--wrap=open64) # the O_TMPFILE seam
+spw_test_executable(fuzz_config_replay fuzz/fuzz_config.c fuzz/config_model.c fuzz/replay.c)
+add_test(NAME fuzz_config_corpus COMMAND fuzz_config_replay ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus)
+set_tests_properties(fuzz_config_corpus PROPERTIES LABELS cpu TIMEOUT 300)
