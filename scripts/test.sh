@@ -22,3 +22,7 @@ for san in address,undefined thread; do
     TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
     ctest --test-dir "$dir" -L cpu --output-on-failure -j"$jobs"
 done
+
+# --- config fuzzer: clang + libFuzzer, ASan+UBSan, a bounded run (FUZZ_SECONDS, default 60)
+echo "== config fuzzer (tests/fuzz/run.sh)"
+./tests/fuzz/run.sh

@@ -24,7 +24,9 @@
 #include <limits.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -89,11 +91,21 @@ int __wrap_open64(const char *path, int flags, ...) {
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
+/* What a failing assertion in the parent must not leave behind: the child (which would
+ * spill forever) and the case's directory. */
+static volatile pid_t live_child;
+static char live_dir[PATH_MAX];
+
+
 static void make_dir(char *out, size_t len) {
   const char *tmp = getenv("TMPDIR");
   snprintf(out, len, "%s/spw-test-kill-XXXXXX", tmp && *tmp ? tmp : "/tmp");
   ASSERT_TRUE(mkdtemp(out) != NULL);
+  snprintf(live_dir, sizeof live_dir, "%s", out);
 }
+
+/* The case is over and its directory gone. */
+static void forget_dir(void) { live_dir[0] = '\0'; }
 
 /* Names in `dir` other than "." and "..", printed. */
 static int entries_in(const char *dir) {
@@ -109,19 +121,39 @@ static int entries_in(const char *dir) {
   return n;
 }
 
-/* Removes what a failed case left, so that a failure leaves no directory behind either. */
+/* Removes `dir` and the files in it. Only system calls (no malloc, no stdio), so that the
+ * SIGABRT handler below can use it too. */
 static void remove_dir(const char *dir) {
-  DIR *d = opendir(dir);
-  if (d) {
-    for (struct dirent *e; (e = readdir(d));) {
-      if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-      char path[PATH_MAX];
-      snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
-      unlink(path);
+  int fd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd >= 0) {
+    char buf[4096];
+    long n;
+    while ((n = syscall(SYS_getdents64, fd, buf, sizeof buf)) > 0) {
+      for (long off = 0; off < n;) {
+        struct {
+          uint64_t ino;
+          int64_t off;
+          unsigned short reclen;
+          unsigned char type;
+          char name[];
+        } *e = (void *)(buf + off);
+        if (strcmp(e->name, ".") != 0 && strcmp(e->name, "..") != 0) unlinkat(fd, e->name, 0);
+        off += e->reclen;
+      }
     }
-    closedir(d);
+    close(fd);
   }
   rmdir(dir);
+}
+
+static void clean_up_on_abort(int sig) {
+  (void)sig;
+  if (live_child > 0) {
+    kill(live_child, SIGKILL);
+    waitpid(live_child, NULL, 0);
+  }
+  if (live_dir[0]) remove_dir(live_dir);
+  /* Returning lets abort() go on and end the process with SIGABRT. */
 }
 
 /* Open files of process `pid` that live in `dir` (by the kernel's name for them). With
@@ -220,9 +252,15 @@ static pid_t spawn(const char *dir, int *rd, int tmpfile_refused, int window) {
   ASSERT_EQ(pipe(p), 0);
   fflush(stdout);
   fflush(stderr);
+  pid_t parent = getpid();
   pid_t pid = fork();
   ASSERT_TRUE(pid >= 0);
   if (pid == 0) {
+    /* Never outlive the test, whatever ends it. */
+    if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(1);
+    signal(SIGABRT, SIG_DFL);
+    live_child = 0;
+    live_dir[0] = '\0';
     close(p[0]);
     ASSERT_EQ(fcntl(p[1], F_SETFL, O_NONBLOCK), 0);
     refuse_tmpfile = tmpfile_refused;
@@ -233,6 +271,7 @@ static pid_t spawn(const char *dir, int *rd, int tmpfile_refused, int window) {
   }
   close(p[1]);
   *rd = p[0];
+  live_child = pid;
   return pid;
 }
 
@@ -244,19 +283,20 @@ static char next_byte(int rd, pid_t pid, int *status) {
   while (n < 0 && errno == EINTR);
   if (n == 1) return c;
   ASSERT_EQ(waitpid(pid, status, 0), pid);
+  live_child = 0;
   return 0;
 }
 
 static void skip_if_child_skipped(int status, const char *dir) {
   if (WIFEXITED(status) && WEXITSTATUS(status) == CHILD_SKIP) {
     remove_dir(dir);
+    forget_dir();
     TEST_SKIP_IF(1, "the child could not run here (no GPU, or io_uring refused)");
   }
   fprintf(stderr, "child ended before it was killed: %s %d\n",
           WIFEXITED(status) ? "exit" : "signal",
           WIFEXITED(status) ? WEXITSTATUS(status) : WTERMSIG(status));
-  remove_dir(dir);
-  ASSERT_TRUE(!"the child died on its own");
+  ASSERT_TRUE(!"the child died on its own"); /* the abort handler removes dir */
 }
 
 static void sleep_us(long us) {
@@ -292,6 +332,7 @@ static void kill_once(kill_moment_t moment, int tmpfile_refused) {
   }
   ASSERT_EQ(kill(pid, SIGKILL), 0);
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  live_child = 0;
   close(rd);
   /* Killed by us, not dead of something else before. */
   ASSERT_TRUE(WIFSIGNALED(status));
@@ -300,9 +341,9 @@ static void kill_once(kill_moment_t moment, int tmpfile_refused) {
   printf("  killed %s %ld us after %s: %d entries left\n",
          moment == KILL_AFTER_DELAY ? "at random" : "mid-write", delay_us,
          moment == KILL_AFTER_DELAY ? "the first disk round" : "issuing writes", left);
-  if (left) remove_dir(dir);
-  ASSERT_EQ(left, 0);
+  ASSERT_EQ(left, 0); /* on failure, the abort handler removes dir */
   ASSERT_EQ(rmdir(dir), 0);
+  forget_dir();
 }
 
 /* ---- tests ------------------------------------------------------------------------------- */
@@ -341,6 +382,7 @@ static void a_name_left_between_create_and_unlink_is_swept_by_the_next_runtime(v
   ASSERT_EQ(c, 'W');
   ASSERT_EQ(kill(pid, SIGKILL), 0);
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  live_child = 0;
   close(rd);
   printf("  killed between create and unlink: %d entries left\n", entries_in(dir));
   DIR *d = opendir(dir);
@@ -361,14 +403,16 @@ static void a_name_left_between_create_and_unlink_is_swept_by_the_next_runtime(v
   ASSERT_EQ(c, 'N');
   ASSERT_EQ(kill(pid, SIGKILL), 0);
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  live_child = 0;
   close(rd);
   int left = entries_in(dir);
-  if (left) remove_dir(dir);
-  ASSERT_EQ(left, 0);
+  ASSERT_EQ(left, 0); /* on failure, the abort handler removes dir */
   ASSERT_EQ(rmdir(dir), 0);
+  forget_dir();
 }
 
 int main(void) {
+  signal(SIGABRT, clean_up_on_abort);
   const char *env = getenv("SPW_TEST_SEED");
   rng = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
   printf("SPW_TEST_SEED=%" PRIu64 " SPILLWAY_IO=%s\n", rng, getenv("SPILLWAY_IO") ? getenv("SPILLWAY_IO") : "(unset)");
