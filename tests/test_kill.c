@@ -91,8 +91,8 @@ int __wrap_open64(const char *path, int flags, ...) {
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
-/* What a failing assertion in the parent must not leave behind: the child (which would
- * spill forever) and the case's directory. */
+/* What a failing assertion in the parent, or ctest stopping it (SIGTERM), must not leave
+ * behind: the child (which would spill forever) and the case's directory. */
 static volatile pid_t live_child;
 static char live_dir[PATH_MAX];
 
@@ -147,13 +147,17 @@ static void remove_dir(const char *dir) {
 }
 
 static void clean_up_on_abort(int sig) {
-  (void)sig;
   if (live_child > 0) {
     kill(live_child, SIGKILL);
     waitpid(live_child, NULL, 0);
   }
   if (live_dir[0]) remove_dir(live_dir);
-  /* Returning lets abort() go on and end the process with SIGABRT. */
+  /* Returning lets abort() go on and end the process with SIGABRT; SIGTERM (ctest
+   * stopping the test) ends it the default way. */
+  if (sig == SIGTERM) {
+    signal(SIGTERM, SIG_DFL);
+    raise(SIGTERM);
+  }
 }
 
 /* Open files of process `pid` that live in `dir` (by the kernel's name for them). With
@@ -259,6 +263,7 @@ static pid_t spawn(const char *dir, int *rd, int tmpfile_refused, int window) {
     /* Never outlive the test, whatever ends it. */
     if (prctl(PR_SET_PDEATHSIG, SIGKILL) != 0 || getppid() != parent) _exit(1);
     signal(SIGABRT, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
     live_child = 0;
     live_dir[0] = '\0';
     close(p[0]);
@@ -413,6 +418,7 @@ static void a_name_left_between_create_and_unlink_is_swept_by_the_next_runtime(v
 
 int main(void) {
   signal(SIGABRT, clean_up_on_abort);
+  signal(SIGTERM, clean_up_on_abort);
   const char *env = getenv("SPW_TEST_SEED");
   rng = env ? strtoull(env, NULL, 0) : (uint64_t)time(NULL);
   printf("SPW_TEST_SEED=%" PRIu64 " SPILLWAY_IO=%s\n", rng, getenv("SPILLWAY_IO") ? getenv("SPILLWAY_IO") : "(unset)");
