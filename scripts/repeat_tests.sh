@@ -3,7 +3,7 @@
 # first failure and prints which test failed with its output, then checks that the runs
 # left no temporary directories, spill files or mounts behind.
 #
-#   scripts/repeat_tests.sh [RUNS]      RUNS defaults to 20; COPIES=4 by default
+#   scripts/repeat_tests.sh [RUNS [CTEST ARGS...]]   RUNS defaults to 20; COPIES=4 by default
 #   REPEAT_BUILD=dir                    build directory (default build-repeat, host only)
 #
 # What "COPIES copies in parallel" means here: COPIES independent ctest processes, each
@@ -24,6 +24,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-20}
+shift || true # the rest goes to every ctest (e.g. -E test_disk_tier)
 copies=${COPIES:-4}
 build=${REPEAT_BUILD:-build-repeat}
 
@@ -41,40 +42,55 @@ snapshot >"$work/tmp-before"
 
 echo "== $copies copies x $runs runs of the cpu tests ($(ctest --test-dir "$build" -L cpu -N | grep -c 'Test *#') tests)"
 start=$(date +%s)
-declare -A copy_of
+declare -A pid_of
 for k in $(seq 1 "$copies"); do
   dir=$work/copy$k
   (cd "$build" && find . -name CTestTestfile.cmake) | while read -r f; do
     mkdir -p "$dir/$(dirname "$f")"
     cp "$build/$f" "$dir/$f"
   done
-  # A session of its own, so that a failure elsewhere can stop this copy and its tests.
   mkdir -p "$work/tmp/copy$k"
-  TMPDIR=$work/tmp/copy$k setsid ctest --test-dir "$dir" -L cpu --repeat until-fail:"$runs" \
-    --stop-on-failure --output-on-failure >"$work/copy$k.log" 2>&1 &
-  copy_of[$!]=$k
+  # A session of its own (setsid), so that a failure elsewhere can stop this copy and the
+  # tests it runs; the exit status goes to a file, read by the loop below.
+  TMPDIR=$work/tmp/copy$k setsid bash -c \
+    'ctest --test-dir "$1" -L cpu --repeat until-fail:"$2" --stop-on-failure --output-on-failure "${@:5}" >"$3" 2>&1; echo $? >"$4"' \
+    _ "$dir" "$runs" "$work/copy$k.log" "$work/copy$k.rc" "$@" &
+  pid_of[$k]=$!
 done
 
 failed=""
-while [ ${#copy_of[@]} -gt 0 ]; do
-  set +e
-  wait -n -p done_pid "${!copy_of[@]}"
-  rc=$?
-  set -e
-  k=${copy_of[$done_pid]}
-  unset "copy_of[$done_pid]"
-  if [ "$rc" -ne 0 ] && [ -z "$failed" ]; then
-    failed=$k
-    for pid in "${!copy_of[@]}"; do kill -TERM -- "-$pid" 2>/dev/null || true; done
+while :; do
+  running=0
+  for k in "${!pid_of[@]}"; do
+    if [ -s "$work/copy$k.rc" ]; then
+      [ "$(cat "$work/copy$k.rc")" = 0 ] || [ -n "$failed" ] || failed=$k
+    elif kill -0 "${pid_of[$k]}" 2>/dev/null; then
+      running=$((running + 1))
+    fi
+  done
+  if [ -n "$failed" ]; then
+    for k in "${!pid_of[@]}"; do
+      [ -s "$work/copy$k.rc" ] || kill -TERM -- "-${pid_of[$k]}" 2>/dev/null || true
+    done
+    break
   fi
+  [ "$running" -gt 0 ] || break
+  sleep 1
 done
+wait
 wall=$(($(date +%s) - start))
 
 status=0
 if [ -n "$failed" ]; then
   log=$work/copy$failed.log
-  echo "== FAILED in copy $failed after ${wall}s; the failing test(s):"
+  echo "== FAILED in copy $failed after ${wall}s; the failing test(s), and how many times each copy"
+  echo "   had started it (ctest runs a test RUNS times before the next one):"
   sed -n '/The following tests FAILED/,$p' "$log"
+  for name in $(sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\) .*/\1/p' "$log"); do
+    for k in $(seq 1 "$copies"); do
+      echo "   copy $k: $(grep -c "Start *[0-9]*: $name\$" "$work/copy$k.log") starts of $name"
+    done
+  done
   echo "== output of copy $failed (from its first failure):"
   awk '/\*\*\*(Failed|Timeout|Exception)|Failed  |\(Failed\)|\(Timeout\)/ && !seen {seen=1} seen' "$log" | head -300
   status=1
