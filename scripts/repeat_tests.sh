@@ -36,7 +36,7 @@ work=$PWD/$build/repeat
 rm -rf "$work"
 mkdir -p "$work"
 snapshot() {
-  find /tmp -maxdepth 1 \( -name 'spw*' -o -name '.spillway-*' \) 2>/dev/null | sort
+  find /tmp -maxdepth 1 \( -name 'spw*' -o -name '.spw*' -o -name '.spillway-*' \) 2>/dev/null | sort
 }
 snapshot >"$work/tmp-before"
 
