@@ -23,3 +23,7 @@ for san in address,undefined thread; do
     ctest --test-dir "$dir" -L cpu --output-on-failure -j"$jobs"
 done
 ./scripts/test_python.sh
+
+# --- config fuzzer: clang + libFuzzer, ASan+UBSan, a bounded run (FUZZ_SECONDS, default 60)
+echo "== config fuzzer (tests/fuzz/run.sh)"
+./tests/fuzz/run.sh

@@ -21,6 +21,7 @@
 
 #include "grow.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
@@ -123,6 +124,30 @@ static void random_name(char *out, size_t len, const char *dir) {
   snprintf(out, len, "%s/.spillway-%016" PRIx64 "%016" PRIx64, dir, r[0], r[1]);
 }
 
+/* Removes the names that processes killed between their create and their unlink left in
+ * dir: no handler runs for SIGKILL, so the next runtime to open a file there cleans up. Such
+ * a name is ours by its form (.spillway- and 32 hex digits), owner, mode 0600 and size 0
+ * (nothing is written before the unlink); a live runtime holds its name for microseconds,
+ * so one older than a minute belongs to nobody. */
+static void sweep_stale_names(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return;
+  time_t now = time(NULL);
+  for (struct dirent *e; (e = readdir(d));) {
+    static const char prefix[] = ".spillway-";
+    if (strncmp(e->d_name, prefix, sizeof prefix - 1) != 0 ||
+        strlen(e->d_name) != sizeof prefix - 1 + 32)
+      continue;
+    struct stat st;
+    if (fstatat(dirfd(d), e->d_name, &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISREG(st.st_mode) || st.st_uid != geteuid() || st.st_size != 0 ||
+        (st.st_mode & 07777) != 0600 || st.st_mtime > now - 60)
+      continue;
+    (void)unlinkat(dirfd(d), e->d_name, 0);
+  }
+  closedir(d);
+}
+
 /* Turns O_DIRECT on for an open file; fcntl checks the same capability open does. */
 static int enable_direct(int fd) {
   int fl = fcntl(fd, F_GETFL);
@@ -167,11 +192,13 @@ static int open_anonymous(const char *dir, int *direct, int *named, int *direct_
     if (errno != EEXIST) return -errno;
   }
   if (fd < 0) return -EEXIST;
-  if (unlink(path) != 0) {
+  /* ENOENT: another runtime's sweep took the name while we were stopped in between. */
+  if (unlink(path) != 0 && errno != ENOENT) {
     e = errno;
     close(fd);
     return -e;
   }
+  sweep_stale_names(dir);
   int d = enable_direct(fd);
   *direct = d == 0;
   *direct_errno = d == 0 ? 0 : -d;

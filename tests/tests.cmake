@@ -50,3 +50,14 @@ spw_behaviour_test(test_launch)
 spw_behaviour_test(test_launch_kernel SEAM)
 spw_behaviour_test(test_launch_faults SEAM)
 include(${CMAKE_CURRENT_SOURCE_DIR}/launch_tests.cmake)
+
+# A runtime killed (SIGKILL) while spilling to disk leaves no file behind, under both
+# file-creation paths: --wrap=open refuses O_TMPFILE to force the named-file fallback.
+spw_behaviour_test(test_kill SEAM DISK)
+target_link_options(test_kill PRIVATE -Wl,--wrap=open -Wl,--wrap=open64)
+
+# The configuration fuzzer's corpus, replayed with the normal compiler (tests/fuzz).
+add_executable(fuzz_config_replay fuzz/fuzz_config.c fuzz/config_model.c fuzz/replay.c)
+target_link_libraries(fuzz_config_replay PRIVATE spillway_static spw_flags)
+add_test(NAME fuzz_config_corpus COMMAND fuzz_config_replay ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus)
+set_tests_properties(fuzz_config_corpus PROPERTIES LABELS cpu TIMEOUT 300)

@@ -37,7 +37,7 @@ suite() { # $1: label, $2: NUMBA_CUDA_MEMORY_MANAGER value
   root=$(python3 -c 'import numba.cuda as c, os; print(os.path.dirname(os.path.dirname(os.path.dirname(c.__file__))))')
   # shellcheck disable=SC2086
   (cd "$dir" && NUMBA_CUDA_MEMORY_MANAGER=$2 SPILLWAY_DEVICE_LIMIT=${SPW_SUITE_LIMIT:-6GiB} \
-    timeout -s INT -k 30 560 python3 -m pytest -n "$jobs" --dist loadscope --timeout 240 -q \
+    timeout -s INT -k 30 "${SPW_SUITE_SECONDS:-560}" python3 -m pytest -n "$jobs" --dist loadscope --timeout 240 -q \
     -p no:cacheprovider --import-mode=importlib --rootdir "$root" \
     --junitxml="$out/suite-$1.xml" --pyargs $pkgs >"$out/suite-$1.log" 2>&1)
   echo "suite $1 rc=$?: $(tail -1 "$out/suite-$1.log")"
