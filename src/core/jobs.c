@@ -110,6 +110,7 @@ static void run_prefetches(spw_runtime_t *rt, spw_job_t *jobs) {
 
 static void background(void *ctx) {
   spw_runtime_t *rt = ctx;
+  if (rt->trace) spw__trace_lane(rt->trace, SPW_LANE_DOWN);
   spw_budget_t *b = &rt->budget;
   for (;;) {
     uint64_t used = atomic_load(&b->used), out = atomic_load(&b->spilling);
@@ -120,6 +121,7 @@ static void background(void *ctx) {
 
 static void run(void *ctx, spw_lane_t lane, spw_job_t *jobs) {
   spw_runtime_t *rt = ctx;
+  if (rt->trace) spw__trace_lane(rt->trace, (int)lane);
   if (lane == SPW_LANE_DOWN) {
     run_spills(rt, jobs);
     background(rt); /* locks released since the last kick may have left usage high */
