@@ -428,8 +428,8 @@ def test_exit_with_a_controller_installed_is_clean(sleep):
 
 
 def test_eight_threads_under_a_spilling_prefetching_controller_keep_their_contents():
-    """8 threads allocate, fill, read back and free deferrable arrays (4x the budget alive at
-    once) while the controller spills and prefetches buffers it hears about and names random
+    """8 threads allocate, fill, read back and free deferrable arrays (2.6x the budget alive
+    at once) while the controller spills and prefetches buffers it hears about and names random
     victims, some of them locked or already freed."""
     rng = random.Random(1234)
 
@@ -461,7 +461,7 @@ def test_eight_threads_under_a_spilling_prefetching_controller_keep_their_conten
                 live = sorted(self.live)
             return rng.sample(live, min(len(live), 8, max_victims))
 
-    limit = 16 * MiB
+    limit = 8 * MiB
     with host_runtime(limit) as rt:
         c = Meddler()
         rt.set_controller(c)
@@ -471,11 +471,11 @@ def test_eight_threads_under_a_spilling_prefetching_controller_keep_their_conten
             try:
                 r = random.Random(k)
                 mine = []
-                for i in range(120):
+                for i in range(250):
                     n = r.choice([4096, 64 << 10, 256 << 10, 1 << 20]) // 8
                     data = np.arange(n, dtype=np.int64) * (k + 1) + i
                     mine.append((spillway.DeferrableArray.from_host(rt, data), k, i))
-                    if len(mine) > 8:  # about 8 threads x 8 x 0.33 MiB: 1.3x the budget
+                    if len(mine) > 8:  # about 8 threads x 8 x 0.33 MiB: 2.6x the budget
                         a, kk, ii = mine.pop(r.randrange(len(mine)))
                         got = a.copy_to_host()
                         want = np.arange(a.size, dtype=np.int64) * (kk + 1) + ii
@@ -502,5 +502,6 @@ def test_eight_threads_under_a_spilling_prefetching_controller_keep_their_conten
         st = rt.stats()
         assert st.spills > 0 and st.unspills > 0
         assert c.pressures > 0 and c.moves > 0
-        assert set(k for k, _ in c.errors) <= {"allocated"}  # spill of a freed handle only
+        # Events arrive after the fact: a handle named in one may be freed by then.
+        assert {t for _, t in c.errors} <= {"FreedError"}
         assert st.buffers == 0
