@@ -4,6 +4,7 @@ run_gpu.sh's `dask` phase runs the same tests with SPILLWAY_DASK_BACKEND=cuda): 
 each with its own runtime; a computation whose deferrable data is 3x the workers' device
 budgets together; the right result; spills counted per worker (client.run and Prometheus);
 clean teardown, with no Spillway thread or spill file left behind. Skipped without dask."""
+import json
 import os
 import threading
 import urllib.request
@@ -87,6 +88,11 @@ def test_two_worker_processes_compute_3x_their_budget_and_count_spills(tmp_path)
             assert run(client) == expected()
             stats = cluster_stats(client)
             check_stats(stats)
+            if os.environ.get("SPW_DASK_STATS"):  # run_gpu.sh's dask phase keeps them
+                with open(os.environ["SPW_DASK_STATS"], "w") as f:
+                    json.dump({"backend": BACKEND, "budget_per_worker": BUDGET,
+                               "chunks": NCHUNKS, "chunk_bytes": CHUNK, "workers": stats},
+                              f, indent=1)
             # Each worker has its own runtime: the data spread over both.
             assert all(st["spills"] < sum(s["spills"] for s in stats.values())
                        for st in stats.values())
@@ -95,7 +101,7 @@ def test_two_worker_processes_compute_3x_their_budget_and_count_spills(tmp_path)
 
 def test_in_process_workers_export_metrics_and_leave_nothing_behind(tmp_path):
     before = spillway_threads()
-    threads_before = {t.name for t in threading.enumerate()}
+    threads_before = set(threading.enumerate())
     plugin = SpillwayPlugin(backend=BACKEND, device_limit=BUDGET, spill_dir=str(tmp_path),
                             log_level="error")
     with LocalCluster(n_workers=2, threads_per_worker=2, processes=False,
@@ -117,9 +123,11 @@ def test_in_process_workers_export_metrics_and_leave_nothing_behind(tmp_path):
                                "spillway_locked_bytes", "spillway_unspill_bytes_total"):
                     assert f'{metric}{{worker="{w.address}"}}' in text, metric
     assert spillway_threads() == before
-    assert not [t for t in threading.enumerate()
-                if t.name == "spillway-controller" and t.is_alive()]
-    assert {t.name for t in threading.enumerate()} - threads_before <= {"asyncio_0"}
+    new = set(threading.enumerate()) - threads_before
+    for t in new:  # the controller threads end once their runtime is destroyed
+        if t.name == "spillway-controller":
+            t.join(10)
+    assert {t.name for t in new if t.is_alive()} <= {"asyncio_0"}
     assert list(tmp_path.iterdir()) == []
 
 

@@ -228,7 +228,12 @@ class SpillwayPlugin(WorkerPlugin):
                 from numba import cuda
                 if cuda.is_available():
                     import spillway.numba as sn
-                    sn.configure(**kw)
+                    try:
+                        sn.configure(**kw)
+                    except RuntimeError:
+                        # Numba already has its runtime in this process (another in-process
+                        # worker, or the program's own use): this worker gets its own.
+                        return Runtime(**kw)
                     cuda.set_memory_manager(sn.SpillwayNumbaManager)
                     return sn.runtime()
             except ImportError:
