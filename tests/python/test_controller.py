@@ -13,7 +13,6 @@ import gc
 import logging
 import random
 import threading
-import time
 
 import numpy as np
 import pytest
@@ -125,7 +124,8 @@ def test_pressure_victims_may_be_handles_buffers_or_arrays_and_locked_ones_are_s
     locked.acquire()
     c = Recorder(victims=[locked, arr, bufs[4].handle])
     rt.set_controller(c)
-    extra = rt.alloc(2 * MiB)  # noqa: F841 (kept: its room must stay taken)
+    extra = rt.alloc(2 * MiB)  # kept: its room must stay taken
+    assert extra.state == State.RESIDENT
     assert locked.state == State.RESIDENT and locked.lock_count == 1
     assert arr.state == State.HOST and bufs[4].state == State.HOST
     assert [b.state for b in bufs[:4]] == [State.RESIDENT] * 4
@@ -150,6 +150,7 @@ def test_a_method_may_spill_prefetch_query_and_read_statistics(rt):
 
     rt.set_controller(Active())
     big = rt.alloc(7 * MiB)  # 9 MiB asked for: the pressure method runs
+    assert big.size == 7 * MiB
     rt.wait_idle()
     assert flush(rt)
     rt.wait_idle()

@@ -162,3 +162,17 @@ def test_the_policy_spills_keys_without_pending_dependents_first():
         assert order[0] == bufs["c"].handle and order[1] == bufs["a"].handle
         p.key_released("c")
         assert bufs["c"].handle not in p.pressure(MiB, 64)
+
+
+def test_the_preload_installs_the_plugin_from_the_dask_config(tmp_path):
+    """`dask worker --preload spillway.dask` (here LocalCluster's preload=): the runtime is
+    configured from the worker's Dask configuration."""
+    import dask
+    with dask.config.set({"spillway.device-limit": "12MiB", "spillway.backend": BACKEND,
+                          "spillway.spill-dir": str(tmp_path), "spillway.log-level": "error"}):
+        with LocalCluster(n_workers=1, processes=False, dashboard_address=None,
+                          preload=["spillway.dask"]) as cluster:
+            with Client(cluster) as client:
+                stats = cluster_stats(client)
+                assert [s["device_limit"] for s in stats.values()] == [12 * MiB]
+                assert [s["backend"] for s in stats.values()] == [BACKEND]

@@ -40,7 +40,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from ._runtime import Buffer, Runtime, Tier
+from ._runtime import Buffer, Runtime
 from .array import DeferrableArray
 from .controller import Controller
 
