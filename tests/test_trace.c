@@ -341,6 +341,21 @@ static void a_config_without_the_trace_fields_still_works(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
+static void a_bad_size_cap_is_a_config_error_that_names_it(void) {
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  char msg[256];
+  cfg.trace_max_bytes = 100;
+  ASSERT_STATUS(spw_config_validate(&cfg, msg, sizeof msg), SPW_ERR_CONFIG);
+  ASSERT_TRUE(strstr(msg, "config.trace_max_bytes") != NULL);
+  cfg.trace_max_bytes = 0;
+  ASSERT_EQ(setenv("SPILLWAY_TRACE_MAX", "lots", 1), 0);
+  ASSERT_STATUS(spw_config_validate(&cfg, msg, sizeof msg), SPW_ERR_CONFIG);
+  ASSERT_TRUE(strstr(msg, "SPILLWAY_TRACE_MAX='lots'") != NULL);
+  ASSERT_EQ(setenv("SPILLWAY_TRACE_MAX", "1.5 MiB", 1), 0);
+  ASSERT_OK(spw_config_validate(&cfg, msg, sizeof msg));
+  ASSERT_EQ(unsetenv("SPILLWAY_TRACE_MAX"), 0);
+}
+
 static const spw_test_t tests[] = {
     TEST(every_kind_of_move_is_an_event_in_valid_json),
     TEST(a_batch_is_one_slice),
@@ -348,6 +363,7 @@ static const spw_test_t tests[] = {
     TEST(percent_p_in_the_path_is_the_process_id),
     TEST(an_unwritable_trace_leaves_the_runtime_working),
     TEST(a_config_without_the_trace_fields_still_works),
+    TEST(a_bad_size_cap_is_a_config_error_that_names_it),
 };
 
 TEST_MAIN(tests)

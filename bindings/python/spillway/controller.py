@@ -181,6 +181,9 @@ class _Link:
 
     # -- installing -------------------------------------------------------------------
     def install(self, rt: Runtime, controller: Optional[Controller]) -> None:
+        # Under the lock from start to end, so that two threads installing at once leave
+        # the C table, the delivery target and `installed` all naming the same controller.
+        # Nothing in here waits: _ctl_install and mark never block.
         with self.lock:
             old = self.installed
             if controller is not None and controller is not old:
@@ -190,20 +193,21 @@ class _Link:
             self.gen += 1
             gen = self.gen
             self.targets[gen] = controller
+            # The marker goes first: what the new table reports is queued after it.
+            self.c.mark(gen)
+            if controller is None:
+                rt._ctl_install(None, None, False, False, False)
+            else:
+                pressure = (functools.partial(self._pressure, controller)
+                            if _overrides(controller, "pressure") else None)
+                rt._ctl_install(self.c, pressure, _overrides(controller, "allocated"),
+                                _overrides(controller, "freed"),
+                                _overrides(controller, "state_changed"))
             self.installed = controller
             if old is not None and old is not controller:
                 old._spw_runtime = None
             if controller is not None:
                 controller._spw_runtime = self.rt
-        # The marker goes first: what the new table reports is queued after it.
-        self.c.mark(gen)
-        if controller is None:
-            rt._ctl_install(None, None, False, False, False)
-            return
-        pressure = (functools.partial(self._pressure, controller)
-                    if _overrides(controller, "pressure") else None)
-        rt._ctl_install(self.c, pressure, _overrides(controller, "allocated"),
-                        _overrides(controller, "freed"), _overrides(controller, "state_changed"))
 
     def flush(self, timeout: Optional[float]) -> bool:
         ev = threading.Event()
