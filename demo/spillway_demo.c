@@ -42,6 +42,7 @@ typedef struct options {
   unsigned rounds, streams;
   int disk_phase;
   spw_backend_kind_t backend;
+  const char *trace; /* --trace: the main phase's trace file; the disk phase's gets ".disk" */
 } options_t;
 
 /* One workload: a runtime, its buffers and the state of the run. */
@@ -467,6 +468,17 @@ static int workload(const char *name, spw_backend_kind_t kind, uint64_t budget, 
     rc = fail(&w, "out of host memory");
 
   spw_config_t cfg = config_for(kind, budget, host_limit);
+  char trace[4096];
+  if (o->trace) {
+    /* trace.json -> trace.json for the main phase, trace.disk.json for the disk phase */
+    const char *dot = strrchr(o->trace, '.'), *slash = strrchr(o->trace, '/');
+    int stem = dot && (!slash || dot > slash) ? (int)(dot - o->trace) : (int)strlen(o->trace);
+    if (strcmp(name, "main") == 0)
+      snprintf(trace, sizeof trace, "%s", o->trace);
+    else
+      snprintf(trace, sizeof trace, "%.*s.%s%s", stem, o->trace, name, o->trace + stem);
+    cfg.trace_path = trace;
+  }
   int st = rc ? SPW_OK : spw_runtime_create(&cfg, &w.rt);
   if (st != SPW_OK) rc = fail(&w, "spw_runtime_create: %s", spw_err_name(st));
   if (!rc) {
@@ -573,6 +585,9 @@ static void usage(FILE *f, const char *prog) {
           "  --streams N         streams the work is spread over (default 4)\n"
           "  --disk-phase on|off second phase through the disk tier (default on)\n"
           "  --backend auto|cuda|host (default auto: cuda when a GPU is usable)\n"
+          "  --trace FILE        write a Chrome trace (Perfetto, chrome://tracing) of the main\n"
+          "                      phase to FILE and of the disk phase to FILE with .disk\n"
+          "                      before its extension; `python -m spillway.plot` draws one\n"
           "  --help\n\n"
           "BYTES takes K, M, G, T suffixes (binary: 1M = 1MiB). SPILLWAY_* variables apply\n"
           "to what these options do not set (e.g. SPILLWAY_SPILL_DIR, SPILLWAY_IO).\n",
@@ -584,9 +599,10 @@ static int parse_options(int argc, char **argv, options_t *o) {
       {"budget", required_argument, NULL, 'b'},  {"factor", required_argument, NULL, 'f'},
       {"buffer-size", required_argument, NULL, 's'}, {"rounds", required_argument, NULL, 'r'},
       {"streams", required_argument, NULL, 'n'}, {"disk-phase", required_argument, NULL, 'd'},
-      {"backend", required_argument, NULL, 'k'}, {"help", no_argument, NULL, 'h'},
+      {"backend", required_argument, NULL, 'k'}, {"trace", required_argument, NULL, 't'},
+      {"help", no_argument, NULL, 'h'},
       {NULL, 0, NULL, 0}};
-  *o = (options_t){0, 0, 3.0, 3, 4, 1, SPW_BACKEND_AUTO};
+  *o = (options_t){0, 0, 3.0, 3, 4, 1, SPW_BACKEND_AUTO, NULL};
   int c, li = 0;
   while ((c = getopt_long(argc, argv, "", longs, &li)) != -1) {
     int bad = 0;
@@ -611,6 +627,7 @@ static int parse_options(int argc, char **argv, options_t *o) {
                                              : (spw_backend_kind_t)-1;
       bad = (int)o->backend < 0;
       break;
+    case 't': o->trace = optarg; bad = optarg[0] == '\0'; break;
     case 'h': usage(stdout, argv[0]); exit(0);
     default: usage(stderr, argv[0]); return -1;
     }

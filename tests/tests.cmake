@@ -19,6 +19,7 @@ spw_behaviour_test(test_spill)
 spw_behaviour_test(test_oversubscribe)
 spw_behaviour_test(test_controller)
 spw_behaviour_test(test_streams)
+spw_behaviour_test(test_trace)
 
 # Behaviour that needs an internal seam to force what is otherwise timing or luck: faults
 # injected through the backend and the I/O layer, interleavings held still in the state

@@ -161,12 +161,20 @@ typedef struct spw_config {
   uint64_t host_device_bytes; /* host backend only: emulated device memory
                                  (SPILLWAY_HOST_DEVICE_BYTES, default 1 GiB) */
   unsigned flags;             /* SPW_CONFIG_* below */
+  /* Fields added after version 0.1 (a caller built against an older spillway.h passes a
+   * smaller struct_size; what it lacks counts as unset). */
+  const char *trace_path;     /* SPILLWAY_TRACE: write a Chrome trace-event JSON file of
+                                 every move, lock wait and spill on demand, plus the bytes
+                                 per tier over time ("%p" in the path becomes the process
+                                 id); default: no trace */
+  uint64_t trace_max_bytes;   /* SPILLWAY_TRACE_MAX: largest trace file; events past it are
+                                 dropped and counted (default 256 MiB) */
 } spw_config_t;
 
 #define SPW_CONFIG_IGNORE_ENV 0x1u /* use only the struct and the built-in defaults */
 
 #define SPW_CONFIG_INIT {sizeof(spw_config_t), 0, SPW_BACKEND_AUTO, 0, 0, 0, NULL, SPW_IO_AUTO, \
-                         0.0, 0.0, SPW_LOG_DEFAULT, 0, 0}
+                         0.0, 0.0, SPW_LOG_DEFAULT, 0, 0, NULL, 0}
 
 /* ---------------------------------------------------------------------------------------
  * Runtime lifecycle

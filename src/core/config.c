@@ -23,6 +23,9 @@
 #define DEFAULT_HIGH_WATERMARK 0.95
 #define DEFAULT_LOW_WATERMARK 0.85
 #define DEFAULT_HOST_DEVICE_BYTES ((uint64_t)1 << 30)
+#define DEFAULT_TRACE_MAX ((uint64_t)256 << 20)
+/* Below this a trace could not hold its own header and closing event. */
+#define MIN_TRACE_MAX ((uint64_t)4096)
 
 #define MSG_DEVICE_LIMIT "expected bytes (e.g. 4GiB) or a percentage (e.g. 80%)"
 #define MSG_HOST_LIMIT "expected bytes (e.g. 16GiB) or a percentage of physical memory (e.g. 25%)"
@@ -418,6 +421,54 @@ static int resolve_spill_dir(const spw_config_t *c, spw_settings_t *s, char *err
   return SPW_OK;
 }
 
+/* The trace file: the path verbatim but for "%p" (the process id, so that the worker
+ * processes of one job can share a setting) and "%%"; its size cap. */
+static int resolve_trace(const spw_config_t *c, spw_settings_t *s, char *err, size_t errlen) {
+  const char *path = c->trace_path, *from = "config.trace_path";
+  if (!path) {
+    path = env_get(c->flags, "SPILLWAY_TRACE");
+    from = "SPILLWAY_TRACE";
+  }
+  size_t o = 0;
+  for (const char *p = path; p && *p; p++) {
+    char pid[24];
+    const char *piece = p;
+    size_t len = 1;
+    if (p[0] == '%' && p[1] == 'p') {
+      snprintf(pid, sizeof pid, "%ld", (long)getpid());
+      piece = pid;
+      len = strlen(pid);
+      p++;
+    } else if (p[0] == '%' && p[1] == '%') {
+      p++;
+    }
+    if (o + len >= sizeof s->trace_path)
+      return fail(SPW_ERR_CONFIG, err, errlen, "%s='%.64s...': path longer than %zu bytes", from,
+                  path, sizeof s->trace_path - 1);
+    memcpy(s->trace_path + o, piece, len);
+    o += len;
+  }
+  s->trace_path[o] = '\0';
+  s->trace_max = DEFAULT_TRACE_MAX;
+  const char *v;
+  if (c->trace_max_bytes) {
+    s->trace_max = c->trace_max_bytes;
+    from = "config.trace_max_bytes";
+  } else if ((v = env_get(c->flags, "SPILLWAY_TRACE_MAX"))) {
+    from = "SPILLWAY_TRACE_MAX";
+    const char *b;
+    size_t n;
+    trim(v, &b, &n);
+    if (parse_size_span(b, n, &s->trace_max) != SPW_OK)
+      return fail(SPW_ERR_CONFIG, err, errlen, "SPILLWAY_TRACE_MAX='%s': expected bytes (e.g. 64MiB)",
+                  v);
+  }
+  if (s->trace_max < MIN_TRACE_MAX)
+    return fail(SPW_ERR_CONFIG, err, errlen, "%s=%llu: a trace needs at least %llu bytes", from,
+                (unsigned long long)s->trace_max, (unsigned long long)MIN_TRACE_MAX);
+  return SPW_OK;
+}
+
 /* One watermark; `origin` receives where the value came from, for the ordering message. */
 static int resolve_watermark(unsigned flags, double field, const char *field_name,
                              const char *var, double def, double *out, const char **origin,
@@ -493,6 +544,7 @@ int spw__config_resolve(const spw_config_t *cfg, spw_settings_t *out, char *err,
   if ((st = resolve_io(&c, &s, err, errlen))) return st;
   if ((st = resolve_watermarks(&c, &s, err, errlen))) return st;
   if ((st = resolve_log_level(&c, &s, err, errlen))) return st;
+  if ((st = resolve_trace(&c, &s, err, errlen))) return st;
   *out = s;
   return SPW_OK;
 }

@@ -31,6 +31,8 @@ typedef struct spw_settings {
   double high_watermark, low_watermark; /* 0 < low < high <= 1 */
   spw_log_level_t log_level;     /* never SPW_LOG_DEFAULT */
   uint64_t host_device_bytes;    /* never 0 */
+  char trace_path[SPW_SPILL_DIR_MAX]; /* "" = no trace; "%p" already replaced */
+  uint64_t trace_max;            /* bytes, never 0 */
 } spw_settings_t;
 
 /* Resolves `cfg` (NULL = all defaults) and the environment into `out`. On failure `out` is

@@ -86,6 +86,7 @@ void spw__report_move(spw_runtime_t *rt, spw_buf_t h, spw_state_t from, spw_stat
     atomic_fetch_add_explicit(&rt->c.failures, 1, memory_order_relaxed);
     spw__set_async_error(rt, status);
   }
+  if (rt->trace) spw__trace_move(rt->trace, h, from, to, bytes, ns, status);
   spw_state_event_t ev = {h, from, to, bytes, ns, status};
   spw__controller_state(rt, &ev);
 }

@@ -112,6 +112,7 @@ static void run_prefetches(spw_runtime_t *rt, spw_job_t *jobs) {
 
 static void background(void *ctx) {
   spw_runtime_t *rt = ctx;
+  if (rt->trace) spw__trace_lane(rt->trace, SPW_LANE_DOWN);
   spw_budget_t *b = &rt->budget;
   /* Spilling has begun or is coming: pin the next host slab now, off the path of whoever
    * will need it (mapping and pinning cost a third of a second per GiB). */
@@ -125,6 +126,7 @@ static void background(void *ctx) {
 
 static void run(void *ctx, spw_lane_t lane, spw_job_t *jobs) {
   spw_runtime_t *rt = ctx;
+  if (rt->trace) spw__trace_lane(rt->trace, (int)lane);
   if (lane == SPW_LANE_DOWN) {
     run_spills(rt, jobs);
     background(rt); /* locks released since the last kick may have left usage high */

@@ -135,6 +135,8 @@ int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_t stream, unsigned flag
   if (!on_device && spw__in_callback(rt))
     return SPW_ERR_WOULD_DEADLOCK; /* bringing it back may need to wait on the engine */
 
+  uint64_t t0 = rt->trace ? spw__now_ns() : 0; /* traced if it moves the buffer or waits */
+  int waited = 0;
   for (;;) {
     spw_move_t m;
     slow_outcome_t out = TAKEN;
@@ -146,8 +148,11 @@ int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_t stream, unsigned flag
     else if (out == MOVE_READ) st = spw__read_back(rt, &m, 1, dptr);
     if (out != WAIT_FOR_MOVE) {
       if (st == SPW_OK) touch(s);
+      if (t0 && (waited || out != TAKEN))
+        spw__trace_lock_wait(rt->trace, h, stream, atomic_load(&s->size), t0, st);
       return st;
     }
+    waited = 1;
     spw__sleep_ns(100000); /* the other move ends soon: a demotion or a copy back */
   }
 }

@@ -81,6 +81,8 @@ static void close_parts(spw_runtime_t *rt) {
   rt->engine = NULL;
   spw__completions_stop(rt->completions);
   rt->completions = NULL;
+  spw__trace_close(rt->trace); /* nothing adds events any more */
+  rt->trace = NULL;
   spw__dpool_destroy(rt->dpool);
   if (rt->ops) {
     rt->ops->stream_sync(rt->be, rt->null_bstream);
@@ -138,6 +140,8 @@ int spw__runtime_open(const spw_settings_t *settings, void (*armed)(spw_backend_
     spw_dpool_params_t p = {rt->ops, rt->be, rt->null_bstream, rt->budget.limit, rt->completions};
     st = spw__dpool_create(&p, &rt->dpool);
   }
+  /* A trace that cannot be written is logged and left out: it must not stop the program. */
+  if (st == SPW_OK) (void)spw__trace_open(rt, &rt->trace);
   if (st == SPW_OK) {
     spw_engine_work_t work = spw__jobs_work(rt);
     st = spw__engine_start(rt->ops, rt->be, &work, &rt->engine);

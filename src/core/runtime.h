@@ -33,6 +33,7 @@
 #include "host_arena.h"
 #include "log.h"
 #include "stream_table.h"
+#include "trace.h"
 
 /* Per-thread state of one runtime (pthread key): last error text, callback depth. */
 typedef struct spw_tls {
@@ -77,6 +78,7 @@ struct spw_runtime {
   spw_engine_t *engine;
   spw_completions_t *completions;
   spw_event_pool_t events;
+  spw_trace_t *trace; /* NULL unless SPILLWAY_TRACE: every hook is `if (rt->trace)` */
 
   /* Orders what is enqueued on the engine's download stream against acquires that abandon
    * a spill: a mover checks that its victims are still SPILLING and enqueues their copies

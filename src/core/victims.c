@@ -7,6 +7,7 @@
  * that holds its own slot's mutex can never deadlock against another doing the same. */
 #include <stdlib.h>
 
+#include "clock.h"
 #include "controller.h"
 #include "moves.h"
 
@@ -111,7 +112,10 @@ static uint64_t spill_some(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t
 }
 
 uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason, int *why) {
-  return spill_some(rt, bytes, reason, 0, why);
+  uint64_t t0 = rt->trace ? spw__now_ns() : 0;
+  uint64_t moved = spill_some(rt, bytes, reason, 0, why);
+  if (t0) spw__trace_spill_for_room(rt->trace, reason == SPW_SPILL_BACKGROUND, bytes, moved, t0);
+  return moved;
 }
 
 uint64_t spw__spill_clean(spw_runtime_t *rt, uint64_t bytes) {

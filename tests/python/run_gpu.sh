@@ -9,6 +9,9 @@
 #   tests/python/run_gpu.sh suite-spillway  the same with NUMBA_CUDA_MEMORY_MANAGER=spillway.numba
 #   tests/python/run_gpu.sh compare         outcome counts of both, and every test that differs
 #   tests/python/run_gpu.sh bench           bench/python: alloc, launch, stream, binding cost
+#   tests/python/run_gpu.sh dask            spillway.dask's LocalCluster tests on the CUDA
+#                                           backend (needs the dask wheels in .whl/), their
+#                                           per-worker statistics, and a traced demo's picture
 #
 # Every phase after `install` expects it to have run on the same machine (a fresh machine
 # needs `install` again). Results go to $OUT; the last lines printed are the summary.
@@ -60,6 +63,33 @@ tests)
     --junitxml="$out/python-tests.xml" tests/python >"$out/python-tests.log" 2>&1
   echo "python tests rc=$?: $(tail -1 "$out/python-tests.log")"
   grep -E "^(FAILED|ERROR|SKIPPED)" "$out/python-tests.log" | head -30
+  ;;
+dask)
+  # Two workers with a CUDA runtime each (SPW_DASK_BUDGET apiece) on a computation 3x their
+  # budgets together; the statistics of the process-worker run go to dask-stats.json.
+  SPILLWAY_DASK_BACKEND=cuda SPILLWAY_DASK_BUDGET=${SPW_DASK_BUDGET:-256MiB} \
+    SPW_DASK_STATS="$out/dask-stats.json" timeout 420 python3 -m pytest -q -rs \
+    -p no:cacheprovider --timeout 300 --junitxml="$out/dask-tests.xml" tests/python/test_dask.py \
+    >"$out/dask-tests.log" 2>&1
+  echo "dask tests rc=$?: $(tail -1 "$out/dask-tests.log")"
+  grep -E "^(FAILED|ERROR|SKIPPED)" "$out/dask-tests.log" | head -20
+  [ -f "$out/dask-stats.json" ] && python3 -c "
+import json, sys
+d = json.load(open(sys.argv[1]))
+print('dask on %s: %d chunks of %d MiB, budget %d MiB per worker' % (d['backend'], d['chunks'],
+      d['chunk_bytes'] >> 20, d['budget_per_worker'] >> 20))
+for w, s in d['workers'].items():
+    print('  %s: %d spills (%d MiB), %d unspills (%d MiB), %d on demand, %d failures' % (w,
+          s['spills'], s['spill_bytes'] >> 20, s['unspills'], s['unspill_bytes'] >> 20,
+          s['spills_on_demand'], s['failures']))" "$out/dask-stats.json"
+  # A trace of the demo on the GPU, and its picture (README's figure, GPU edition).
+  if [ -x build-gpu/demo/spillway-demo ]; then  # built by bench/run_gpu.sh
+    timeout 150 build-gpu/demo/spillway-demo --backend cuda --disk-phase off \
+      --trace "$out/demo-trace-cuda.json" >"$out/demo-trace.log" 2>&1
+    echo "demo --trace rc=$?"
+    python3 -m spillway.plot "$out/demo-trace-cuda.json" "$out/demo-trace-cuda.png" \
+      --title "spillway-demo on $(head -2 "$out/gpu.txt" | tail -1 | cut -d, -f1)"
+  fi
   ;;
 suite-builtin) suite builtin default ;;
 suite-spillway) suite spillway spillway.numba ;;

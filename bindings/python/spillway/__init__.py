@@ -12,7 +12,10 @@ brought back on the next lock. See docs/python.md.
             ...                               # enqueue work that uses ptr
         rt.synchronize()
 
-``spillway.numba`` is the Numba EMM plugin and the deferrable arrays for Numba kernels.
+``spillway.numba`` is the Numba EMM plugin and the deferrable arrays for Numba kernels;
+``spillway.Controller`` (spillway.controller) hears every allocation, free and move and
+picks spill victims; ``spillway.dask`` gives Dask workers a runtime each; ``python -m
+spillway.plot`` draws a trace (SPILLWAY_TRACE).
 """
 from __future__ import annotations
 
@@ -23,6 +26,7 @@ from ._errors import *  # noqa: F401,F403
 from ._errors import __all__ as _errors_all
 from ._runtime import Backend, Buffer, Runtime, State, Stats, Stream, StreamLike, Tier, parse_size
 from .array import DeferrableArray, DeviceView, ReadOnly
+from .controller import Controller, HandleInfo, StateEvent
 
 __version__ = "%d.%d.%d" % (_spillway.VERSION_MAJOR, _spillway.VERSION_MINOR,
                             _spillway.VERSION_PATCH)
@@ -31,6 +35,7 @@ stream_handle = _spillway.stream_handle
 
 __all__ = ["Runtime", "Buffer", "Lock", "Stream", "Stats", "State", "Tier", "Backend",
            "DeferrableArray", "DeviceView", "ReadOnly", "StreamLike", "parse_size",
+           "Controller", "StateEvent", "HandleInfo",
            "stream_handle", "__version__", *_errors_all]
 
 # From interpreter exit on, deallocators never wait on Spillway (no thread joins, no

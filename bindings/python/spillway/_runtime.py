@@ -174,7 +174,9 @@ class Runtime(_c.RuntimeBase):
     or strings such as ``"4GiB"``. ``backend`` is ``"auto"``, ``"cuda"`` or ``"host"``;
     ``io`` is ``"auto"``, ``"uring"`` or ``"posix"``; ``log_level`` one of ``"off"``,
     ``"error"``, ``"warn"``, ``"info"``, ``"debug"``. ``ignore_env=True`` ignores every
-    ``SPILLWAY_*`` variable.
+    ``SPILLWAY_*`` variable. ``trace`` is a path for a Chrome trace-event file of the spill
+    engine's work (SPILLWAY_TRACE; ``python -m spillway.plot`` draws it), ``trace_max`` its
+    size cap (SPILLWAY_TRACE_MAX).
 
     Use it as a context manager, or call :meth:`close`. Every method is thread-safe except
     :meth:`close`; calls that can wait release the GIL.
@@ -187,7 +189,8 @@ class Runtime(_c.RuntimeBase):
                  io: Optional[str] = None, high_watermark: Optional[float] = None,
                  low_watermark: Optional[float] = None, log_level: Optional[str] = None,
                  host_device_bytes: Union[int, str, None] = None,
-                 ignore_env: bool = False) -> None:
+                 ignore_env: bool = False, trace: Optional[str] = None,
+                 trace_max: Union[int, str, None] = None) -> None:
         # Handles of the streams this runtime created and not yet destroyed (ints, not the
         # Stream objects: a Stream refers to its runtime, and a cycle would keep a dropped
         # runtime alive until the cyclic collector runs).
@@ -198,7 +201,8 @@ class Runtime(_c.RuntimeBase):
                          parse_size(disk_limit), None if spill_dir is None else str(spill_dir),
                          _keyword(_IO, "io", io), float(high_watermark or 0.0),
                          float(low_watermark or 0.0), _keyword(_LOG, "log_level", log_level),
-                         parse_size(host_device_bytes), bool(ignore_env))
+                         parse_size(host_device_bytes), bool(ignore_env),
+                         None if trace is None else str(trace), parse_size(trace_max))
 
     # -- properties ------------------------------------------------------------------
     @property
@@ -265,6 +269,20 @@ class Runtime(_c.RuntimeBase):
             return None
         cls = error_class(st)
         return cls(f"{_c.err_name(st)}: {_c.strerror(st)} (background work)", st, "")
+
+    # -- controller ------------------------------------------------------------------
+    def set_controller(self, controller) -> None:
+        """Installs a :class:`spillway.Controller` (None removes it). Its methods are told
+        of every allocation, free and move, and it chooses the victims when device memory is
+        short; see spillway.controller for the rules."""
+        from .controller import _install
+        _install(self, controller)
+
+    @property
+    def controller(self):
+        """The installed :class:`spillway.Controller`, or None."""
+        from .controller import _installed
+        return _installed(self)
 
     # -- lifetime --------------------------------------------------------------------
     def close(self) -> None:

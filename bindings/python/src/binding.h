@@ -26,6 +26,8 @@ typedef struct spwpy_runtime {
   PyObject_HEAD
   spw_runtime_t *rt; /* NULL once closed (or never created) */
   int backend;       /* SPW_BACKEND_CUDA or SPW_BACKEND_HOST */
+  PyObject *link;    /* the ControllerLink of a Python controller (controller.c), kept
+                        until the runtime is destroyed */
 } spwpy_runtime_t;  /* the Python subclass spillway.Runtime adds __dict__ and __weakref__ */
 
 typedef struct spwpy_buffer {
@@ -69,6 +71,20 @@ int spwpy_acquire(spwpy_runtime_t *r, spw_buf_t h, spw_stream_t stream, unsigned
 
 /* The handle of a Buffer object argument, or an exception (TypeError, closed buffer). */
 int spwpy_buffer_handle(PyObject *obj, spwpy_runtime_t *r, spw_buf_t *out);
+
+/* > 0 on a thread running a controller method (controller.c): there, calls that would wait
+ * on a runtime raise WouldDeadlockError instead of waiting. */
+extern _Thread_local int spwpy_in_callback;
+/* Raises WouldDeadlockError and returns 1 on such a thread; else returns 0. */
+int spwpy_refuse_in_callback(void);
+
+/* Runtime methods of controller.c, and what destroying a runtime must do for it. */
+PyObject *spwpy_runtime_ctl_install(PyObject *self, PyObject *args);
+PyObject *spwpy_runtime_spill_handles(PyObject *self, PyObject *args);
+PyObject *spwpy_runtime_prefetch_handles(PyObject *self, PyObject *args);
+PyObject *spwpy_runtime_handle_info(PyObject *self, PyObject *arg);
+void spwpy_runtime_ctl_release(spwpy_runtime_t *r);
+int spwpy_controller_init(PyObject *m);
 
 int spwpy_runtime_init_type(PyObject *m);
 int spwpy_buffer_init_type(PyObject *m);

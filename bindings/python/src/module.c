@@ -39,6 +39,13 @@ PyObject *spwpy_raise_detail(int status, const char *detail) {
   return raise_with(cls, status, detail);
 }
 
+int spwpy_refuse_in_callback(void) {
+  if (!spwpy_in_callback) return 0;
+  raise_with(error_classes[-SPW_ERR_WOULD_DEADLOCK], SPW_ERR_WOULD_DEADLOCK,
+             "called from a controller method: it would wait on the runtime");
+  return 1;
+}
+
 PyObject *spwpy_raise_closed(void) {
   return raise_with(error_classes[-SPW_ERR_INVALID_ARG], SPW_ERR_INVALID_ARG,
                     "the runtime is closed");
@@ -117,6 +124,7 @@ int spwpy_acquire(spwpy_runtime_t *r, spw_buf_t h, spw_stream_t stream, unsigned
   if (st == SPW_ERR_INVALID_STREAM && spwpy_stream_adopt(r, stream, st))
     st = spw_acquire(r->rt, h, stream, flags | SPW_ACQUIRE_TRY, dptr);
   if (st != SPW_ERR_NOT_READY) return st;
+  if (spwpy_in_callback) return SPW_ERR_WOULD_DEADLOCK; /* it would wait on the engine */
   Py_BEGIN_ALLOW_THREADS
   st = spw_acquire(r->rt, h, stream, flags, dptr);
   Py_END_ALLOW_THREADS
@@ -193,7 +201,7 @@ PyMODINIT_FUNC PyInit__spillway(void) {
   PyObject *m = PyModule_Create(&module_def);
   if (!m) return NULL;
   if (spwpy_runtime_init_type(m) < 0 || spwpy_buffer_init_type(m) < 0 ||
-      spwpy_launch_init_types(m) < 0)
+      spwpy_launch_init_types(m) < 0 || spwpy_controller_init(m) < 0)
     goto fail;
 #define SPWPY_STATUS_CONST(name, value, text) \
   if (add_int(m, "SPW_" #name, value) < 0) goto fail;

@@ -15,20 +15,25 @@
   } while (0)
 
 /* __init__(device, backend, device_limit, host_limit, disk_limit, spill_dir, io,
- *          high_watermark, low_watermark, log_level, host_device_bytes, ignore_env) */
+ *          high_watermark, low_watermark, log_level, host_device_bytes, ignore_env,
+ *          trace, trace_max) */
 static int runtime_init(PyObject *self, PyObject *args, PyObject *kwds) {
   spwpy_runtime_t *r = R(self);
   spw_config_t cfg = SPW_CONFIG_INIT;
   int backend = 0, io = 0, log_level = 0, ignore_env = 0;
   unsigned long long dl = 0, hl = 0, kl = 0, hdb = 0;
-  const char *dir = NULL;
+  const char *dir = NULL, *trace = NULL;
+  unsigned long long trace_max = 0;
   if (r->rt) {
     PyErr_SetString(PyExc_RuntimeError, "Runtime.__init__ called twice");
     return -1;
   }
-  if (!PyArg_ParseTuple(args, "iiKKKziddiKp", &cfg.device, &backend, &dl, &hl, &kl, &dir, &io,
-                        &cfg.high_watermark, &cfg.low_watermark, &log_level, &hdb, &ignore_env))
+  if (!PyArg_ParseTuple(args, "iiKKKziddiKp|zK", &cfg.device, &backend, &dl, &hl, &kl, &dir,
+                        &io, &cfg.high_watermark, &cfg.low_watermark, &log_level, &hdb,
+                        &ignore_env, &trace, &trace_max))
     return -1;
+  cfg.trace_path = trace;
+  cfg.trace_max_bytes = trace_max;
   cfg.backend = (spw_backend_kind_t)backend;
   cfg.device_limit = dl;
   cfg.host_limit = hl;
@@ -62,7 +67,10 @@ static int destroy(spwpy_runtime_t *r) {
   Py_BEGIN_ALLOW_THREADS
   st = spw_runtime_destroy(r->rt);
   Py_END_ALLOW_THREADS
-  if (st == SPW_OK) r->rt = NULL;
+  if (st == SPW_OK) {
+    r->rt = NULL;
+    spwpy_runtime_ctl_release(r); /* no callback can run any more */
+  }
   return st;
 }
 
@@ -81,6 +89,7 @@ static void runtime_dealloc(PyObject *self) {
 static PyObject *runtime_close(PyObject *self, PyObject *noargs) {
   spwpy_runtime_t *r = R(self);
   if (!r->rt) Py_RETURN_NONE;
+  if (spwpy_refuse_in_callback()) return NULL;
   spw_runtime_t *rt = r->rt;
   int st = destroy(r);
   if (st != SPW_OK) return spwpy_raise(rt, st);
@@ -189,6 +198,7 @@ static PyObject *stream_call_blocking(PyObject *self, PyObject *const *args, Py_
   spw_stream_t s;
   if (parse_stream_arg(args, nargs, kwnames, name, &s) < 0) return NULL;
   LIVE(r);
+  if (spwpy_refuse_in_callback()) return NULL;
   int st;
   for (;;) {
     Py_BEGIN_ALLOW_THREADS
@@ -286,6 +296,7 @@ static PyObject *runtime_acquire_n(PyObject *self, PyObject *args, PyObject *kwd
   int st = spw_acquire_n(r->rt, bufs, n, s, flags | SPW_ACQUIRE_TRY, ptrs);
   if (st == SPW_ERR_INVALID_STREAM && spwpy_stream_adopt(r, s, st))
     st = spw_acquire_n(r->rt, bufs, n, s, flags | SPW_ACQUIRE_TRY, ptrs);
+  if (st == SPW_ERR_NOT_READY && spwpy_in_callback) st = SPW_ERR_WOULD_DEADLOCK;
   if (st == SPW_ERR_NOT_READY) {
     Py_BEGIN_ALLOW_THREADS
     st = spw_acquire_n(r->rt, bufs, n, s, flags, ptrs);
@@ -365,6 +376,7 @@ static PyObject *runtime_prefetch_n(PyObject *self, PyObject *args, PyObject *kw
 static PyObject *runtime_wait_idle(PyObject *self, PyObject *noargs) {
   spwpy_runtime_t *r = R(self);
   LIVE(r);
+  if (spwpy_refuse_in_callback()) return NULL;
   int st;
   Py_BEGIN_ALLOW_THREADS
   st = spw_wait_idle(r->rt);
@@ -444,6 +456,7 @@ static PyObject *runtime_wait_stream(PyObject *self, PyObject *const *args, Py_s
   spw_stream_t s;
   if (parse_stream_arg(args, nargs, kwnames, "wait_stream", &s) < 0) return NULL;
   LIVE(r);
+  if (spwpy_refuse_in_callback()) return NULL;
   int st = wait_stream(r, s);
   if (st != SPW_OK) return spwpy_raise(r->rt, st);
   Py_RETURN_NONE;
@@ -464,6 +477,7 @@ static PyObject *runtime_memcpy(PyObject *self, PyObject *args, PyObject *kwds) 
   spw_stream_t s;
   if (spwpy_stream_from(sobj, &s) < 0) return NULL;
   if (n <= 0) Py_RETURN_NONE;
+  if (wait && spwpy_refuse_in_callback()) return NULL;
   int st = spw_memcpy_async(r->rt, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src,
                             (size_t)n, s);
   if (st == SPW_ERR_INVALID_STREAM && spwpy_stream_adopt(r, s, st))
@@ -547,6 +561,10 @@ static PyMethodDef runtime_methods[] = {
     {"memcpy", (PyCFunction)(void (*)(void))runtime_memcpy, METH_VARARGS | METH_KEYWORDS, NULL},
     {"_numba_alloc", runtime_numba_alloc, METH_VARARGS, NULL},
     {"_numba_free", runtime_numba_free, METH_VARARGS, NULL},
+    {"_ctl_install", spwpy_runtime_ctl_install, METH_VARARGS, NULL},
+    {"_spill_handles", spwpy_runtime_spill_handles, METH_VARARGS, NULL},
+    {"_prefetch_handles", spwpy_runtime_prefetch_handles, METH_VARARGS, NULL},
+    {"_handle_info", spwpy_runtime_handle_info, METH_O, NULL},
     {NULL, NULL, 0, NULL},
 };
 

@@ -1,0 +1,434 @@
+# SPDX-License-Identifier: Apache-2.0
+"""spillway.dask: a Spillway runtime in every Dask worker.
+
+    from distributed import Client, LocalCluster
+    from spillway.dask import SpillwayPlugin, cluster_stats, to_device
+
+    cluster = LocalCluster(n_workers=2, plugins={SpillwayPlugin(device_limit="4GiB")})
+    # or: client.register_plugin(SpillwayPlugin(...)); or `dask worker --preload spillway.dask`
+    client = Client(cluster)
+    x = client.submit(lambda: to_device(np.arange(10**6)))   # a DeferrableArray on a worker
+    print(cluster_stats(client))                               # {worker address: {...}}
+
+What the plugin does in each worker process (docs/python.md, "Dask"):
+
+* creates the worker's Runtime (:func:`runtime`) from its arguments, else the worker's Dask
+  configuration (``spillway.device-limit``, ``spillway.host-limit``, ``spillway.spill-dir``,
+  ``spillway.backend``, ``spillway.trace``), else the SPILLWAY_* variables; the spill files
+  go into the worker's local directory unless told otherwise;
+* on the CUDA backend with numba-cuda installed, makes it Numba's memory manager (the EMM
+  plugin of spillway.numba), so that Numba's allocations in tasks share its budget;
+* installs :class:`DaskPolicy`, a controller that spills first the buffers of keys that
+  Dask will need last (below);
+* exposes Spillway's statistics: :func:`worker_stats` (``client.run(worker_stats)``,
+  :func:`cluster_stats`) and the worker's Prometheus endpoint (``/metrics``,
+  ``spillway_*`` metrics labelled with the worker's address);
+* on teardown removes the controller and destroys the runtime.
+
+Deferrable data travelling between workers (or to the client) is serialized through the host:
+a DeferrableArray arrives as a DeferrableArray on a worker that has the plugin, and as a NumPy
+array anywhere else.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+import os
+import threading
+import weakref
+from typing import Any, Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+
+from ._runtime import Buffer, Runtime
+from .array import DeferrableArray
+from .controller import Controller
+
+try:
+    import dask
+    from distributed import WorkerPlugin, get_worker
+    from distributed.protocol import dask_deserialize, dask_serialize
+except ImportError as e:  # pragma: no cover (the tests skip without dask)
+    raise ImportError("spillway.dask needs dask and distributed (pip install distributed)") from e
+
+__all__ = ["SpillwayPlugin", "DaskPolicy", "runtime", "to_device", "worker_stats",
+           "cluster_stats", "dask_setup"]
+
+log = logging.getLogger("spillway.dask")
+
+_ATTR = "_spillway_plugin"   # the worker's plugin state, as an attribute of the Worker
+_CONFIG_KEYS = ("device-limit", "host-limit", "disk-limit", "spill-dir", "backend", "io",
+                "log-level", "trace", "trace-max", "host-device-bytes")
+
+
+def _buffers_in(value: Any, depth: int = 0) -> List[Tuple[int, int]]:
+    """(handle, bytes) of the deferrable buffers a task's result holds: a DeferrableArray or
+    a Buffer, or such objects in a list, tuple, set or dict (two levels deep)."""
+    if isinstance(value, DeferrableArray):
+        return [] if value.closed else [(value.buffer.handle, value.nbytes)]
+    if isinstance(value, Buffer):
+        return [] if value.closed else [(value.handle, value.size)]
+    if depth >= 2:
+        return []
+    if isinstance(value, dict):
+        value = value.values()
+    if isinstance(value, (list, tuple, set, frozenset, type({}.values()))):
+        out: List[Tuple[int, int]] = []
+        for v in value:
+            out += _buffers_in(v, depth + 1)
+        return out
+    return []
+
+
+_DONE = frozenset({"memory", "released", "forgotten", "error", "cancelled"})
+
+
+class DaskPolicy(Controller):
+    """Spills first what Dask will need last.
+
+    It reads, from the worker only (on its event loop, in the plugin's ``transition``
+    hook): ``worker.data[key]`` when a key enters memory (to find the deferrable buffers of
+    its value), and ``worker.state.tasks[key]``: ``dependents`` (the tasks this worker knows
+    will read the key), their ``state`` and ``priority`` (Dask's order of execution: smaller
+    runs sooner). When device memory is short (``pressure``) it names, in this order:
+
+    1. buffers of keys with no dependent left to run on this worker (all done, or none
+       known): Dask holds them for a client or for another worker, not for work here;
+    2. then buffers of the other keys, the key whose next dependent runs latest first (the
+       furthest next use, as in Belady's rule).
+
+    Buffers that are locked (a task is using them) are skipped by Spillway, and
+    least-recently-used ones make up what the policy's choices do not cover.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._owner: Dict[int, Any] = {}        # handle -> key
+        self._handles: Dict[Any, List[int]] = {}  # key -> handles
+        self._rank: Dict[Any, tuple] = {}       # key -> (0,) | (1, earliest priority)
+
+    # -- fed by the plugin, on the worker's event loop ---------------------------------------
+    def key_in_memory(self, key: Any, value: Any) -> None:
+        found = _buffers_in(value)
+        with self._lock:
+            self._drop(key)
+            if found:
+                self._handles[key] = [h for h, _ in found]
+                for h, _ in found:
+                    self._owner[h] = key
+
+    def key_released(self, key: Any) -> None:
+        with self._lock:
+            self._drop(key)
+
+    def _drop(self, key: Any) -> None:
+        for h in self._handles.pop(key, ()):
+            self._owner.pop(h, None)
+        self._rank.pop(key, None)
+
+    def rerank(self, worker: Any, keys: Iterable[Any]) -> None:
+        tasks = worker.state.tasks
+        ranks = {}
+        for key in keys:
+            ts = tasks.get(key)
+            if ts is None:
+                continue
+            pending = [d.priority for d in ts.dependents
+                       if d.state not in _DONE and d.priority is not None]
+            ranks[key] = (1, min(pending)) if pending else (0,)
+        with self._lock:
+            for key, r in ranks.items():
+                if key in self._handles:
+                    self._rank[key] = r
+
+    # -- the controller ------------------------------------------------------------------------
+    def freed(self, handle: int, nbytes: int) -> None:
+        with self._lock:
+            key = self._owner.pop(handle, None)
+            if key is not None:
+                hs = self._handles.get(key)
+                if hs and handle in hs:
+                    hs.remove(handle)
+
+    def pressure(self, nbytes_needed: int, max_victims: int) -> List[int]:
+        with self._lock:
+            done, later = [], []
+            for key, hs in self._handles.items():
+                r = self._rank.get(key, (0,))
+                if r[0] == 0:
+                    done.extend(hs)
+                else:
+                    later.append((r[1], hs))
+        later.sort(key=lambda t: t[0], reverse=True)  # furthest next use first
+        out = done[:max_victims]
+        for _, hs in later:
+            if len(out) >= max_victims:
+                break
+            out.extend(hs[:max_victims - len(out)])
+        return out
+
+    def victims_order(self) -> List[Any]:
+        """The keys in the order pressure would name their buffers (for tests and logs)."""
+        with self._lock:
+            items = [(k, self._rank.get(k, (0,))) for k in self._handles]
+        done = [k for k, r in items if r[0] == 0]
+        later = sorted((t for t in items if t[1][0] == 1), key=lambda t: t[1][1], reverse=True)
+        return done + [k for k, _ in later]
+
+
+class _WorkerState:
+    def __init__(self, worker: Any, rt: Runtime, policy: Optional[DaskPolicy]) -> None:
+        self.worker = weakref.ref(worker)
+        self.address = worker.address
+        self.runtime = rt
+        self.policy = policy
+
+
+_states: "weakref.WeakSet[_WorkerState]" = weakref.WeakSet()
+_states_lock = threading.Lock()
+
+
+class SpillwayPlugin(WorkerPlugin):
+    """Gives every worker its own Spillway runtime (see the module's documentation).
+
+    Keyword arguments are those of :class:`spillway.Runtime` (``device_limit``,
+    ``host_limit``, ``spill_dir``, ``backend``, ``trace``, ...); one left out takes the
+    worker's Dask configuration ``spillway.<name with dashes>``, else its SPILLWAY_*
+    variable. ``policy=False`` leaves victim choice to least recently used; ``numba=False``
+    does not install the Numba EMM plugin (it is installed only on the CUDA backend, and
+    only if numba-cuda is there)."""
+
+    name = "spillway"
+    idempotent = True
+    _worker: Optional["weakref.ref[Any]"] = None
+
+    def __init__(self, *, policy: bool = True, numba: bool = True, **runtime_kwargs: Any) -> None:
+        self._worker = None
+        self.policy = policy
+        self.numba = numba
+        self.kwargs = runtime_kwargs
+
+    def _config(self, worker: Any) -> Dict[str, Any]:
+        kw = dict(self.kwargs)
+        for k in _CONFIG_KEYS:
+            name = k.replace("-", "_")
+            if kw.get(name) is None:
+                v = dask.config.get(f"spillway.{k}", None)
+                if v is not None:
+                    kw[name] = v
+        if kw.get("spill_dir") is None and not os.environ.get("SPILLWAY_SPILL_DIR"):
+            d = os.path.join(worker.local_directory, "spillway")
+            os.makedirs(d, exist_ok=True)
+            kw["spill_dir"] = d
+        return kw
+
+    def _runtime(self, kw: Dict[str, Any]) -> Runtime:
+        if self.numba and kw.get("backend") not in ("host",):
+            try:
+                from numba import cuda
+                if cuda.is_available():
+                    import spillway.numba as sn
+                    try:
+                        sn.configure(**kw)
+                    except RuntimeError:
+                        # Numba already has its runtime in this process (another in-process
+                        # worker, or the program's own use): this worker gets its own.
+                        return Runtime(**kw)
+                    cuda.set_memory_manager(sn.SpillwayNumbaManager)
+                    return sn.runtime()
+            except ImportError:
+                pass
+        return Runtime(**kw)
+
+    def setup(self, worker: Any) -> None:
+        if getattr(worker, _ATTR, None) is not None:
+            return
+        if self._worker is None or self._worker() is not worker:
+            # Dask calls `transition` without saying which worker, and in-process workers
+            # (LocalCluster(processes=False, plugins=...)) share one plugin object: each
+            # worker gets its own copy, bound to it, in place of the shared one.
+            bound = copy.copy(self)
+            bound._worker = weakref.ref(worker)
+            for name, p in list(worker.plugins.items()):
+                if p is self:
+                    worker.plugins[name] = bound
+            return bound.setup(worker)
+        kw = self._config(worker)
+        rt = self._runtime(kw)
+        policy = DaskPolicy() if self.policy else None
+        if policy is not None:
+            rt.set_controller(policy)
+        state = _WorkerState(worker, rt, policy)
+        setattr(worker, _ATTR, state)
+        with _states_lock:
+            _states.add(state)
+        _register_metrics()
+        log.info("spillway: worker %s: %r", worker.address, rt)
+
+    def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
+        worker = self._worker() if self._worker is not None else None
+        state = getattr(worker, _ATTR, None)
+        if state is None or state.policy is None:
+            return
+        policy = state.policy
+        ts = worker.state.tasks.get(key)
+        if finish == "memory":
+            value = worker.data.get(key) if key in worker.data else None
+            policy.key_in_memory(key, value)
+            policy.rerank(worker, [key])
+        elif start == "memory":
+            policy.key_released(key)
+        # A task that ran or was dropped changes its dependencies' next use.
+        if ts is not None and (start == "executing" or finish in _DONE):
+            policy.rerank(worker, [d.key for d in ts.dependencies])
+
+    def __getstate__(self) -> Dict[str, Any]:
+        d = dict(self.__dict__)
+        d["_worker"] = None  # a weak reference does not travel
+        return d
+
+    def teardown(self, worker: Any) -> None:
+        state = getattr(worker, _ATTR, None)
+        if state is None:
+            return
+        setattr(worker, _ATTR, None)
+        with _states_lock:
+            _states.discard(state)
+        rt = state.runtime
+        try:
+            rt.set_controller(None)
+            import sys
+            sn = sys.modules.get("spillway.numba")
+            if sn is not None and rt in [d.runtime for d in list(sn._devices.values())]:
+                return  # Numba's runtime: it lives as long as Numba's context
+            rt.close()
+        except Exception as e:  # keep the worker's shutdown going
+            log.warning("spillway: worker %s: runtime not destroyed: %s", state.address, e)
+
+
+def _state(worker: Any = None) -> _WorkerState:
+    worker = worker if worker is not None else get_worker()
+    state = getattr(worker, _ATTR, None)
+    if state is None:
+        raise RuntimeError(f"the worker {worker.address} has no SpillwayPlugin")
+    return state
+
+
+def runtime(worker: Any = None) -> Runtime:
+    """The Spillway runtime of this worker (inside a task), or of `worker`."""
+    return _state(worker).runtime
+
+
+def to_device(ary: Any, worker: Any = None) -> DeferrableArray:
+    """A DeferrableArray holding a copy of `ary` in this worker's runtime."""
+    return DeferrableArray.from_host(runtime(worker), ary)
+
+
+def worker_stats(dask_worker: Any = None) -> Dict[str, Any]:
+    """This worker's Spillway statistics as a dict (``client.run(worker_stats)`` passes
+    `dask_worker`): every field of spillway.Stats, plus backend and limits."""
+    st = _state(dask_worker)
+    rt = st.runtime
+    d = dict(rt.stats().__dict__)
+    d["backend"] = rt.backend.name.lower()
+    d["host_limit"], d["disk_limit"] = rt.host_limit, rt.disk_limit
+    return d
+
+
+def cluster_stats(client: Any) -> Dict[str, Dict[str, Any]]:
+    """{worker address: worker_stats} for every worker of `client`'s cluster."""
+    return client.run(worker_stats)
+
+
+# -- Prometheus (the worker's /metrics) ---------------------------------------------------------
+_GAUGES = [("device_bytes", "Bytes of deferrable buffers on the device"),
+           ("host_bytes", "Bytes of buffers spilled to pinned host memory"),
+           ("disk_bytes", "Bytes of buffers spilled to disk"),
+           ("locked_bytes", "Bytes of buffers locked (in use) on the device"),
+           ("device_limit", "The device budget in bytes"),
+           ("buffers", "Live deferrable buffers")]
+_COUNTERS = [("spills", "Buffers spilled device to host or disk"),
+             ("spill_bytes", "Bytes spilled device to host or disk"),
+             ("unspills", "Buffers brought back host to device"),
+             ("unspill_bytes", "Bytes brought back host to device"),
+             ("demotions", "Buffers moved host to disk"),
+             ("demote_bytes", "Bytes moved host to disk"),
+             ("disk_reads", "Buffers read back from disk"),
+             ("disk_read_bytes", "Bytes read back from disk"),
+             ("spills_on_demand", "Spills forced by an allocation, acquire or prefetch"),
+             ("failures", "Failed moves")]
+_registered = False
+
+
+class _Collector:
+    """A prometheus_client collector over every worker runtime of this process."""
+
+    def collect(self):
+        from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+        with _states_lock:
+            states = list(_states)
+        stats = []
+        for s in states:
+            try:
+                stats.append((s.address, s.runtime.stats()))
+            except Exception:
+                continue  # closed meanwhile
+        for name, doc in _GAUGES:
+            g = GaugeMetricFamily(f"spillway_{name}", doc, labels=["worker"])
+            for addr, st in stats:
+                g.add_metric([addr], getattr(st, name))
+            yield g
+        for name, doc in _COUNTERS:
+            c = CounterMetricFamily(f"spillway_{name}", doc, labels=["worker"])
+            for addr, st in stats:
+                c.add_metric([addr], getattr(st, name))
+            yield c
+
+
+_register_lock = threading.Lock()  # not _states_lock: register() calls collect()
+
+
+def _register_metrics() -> None:
+    global _registered
+    with _register_lock:
+        if _registered:
+            return
+        try:
+            import prometheus_client
+        except ImportError:
+            return
+        prometheus_client.REGISTRY.register(_Collector())
+        _registered = True
+
+
+# -- serialization: through the host --------------------------------------------------------------
+@dask_serialize.register(DeferrableArray)
+def _serialize(a: DeferrableArray) -> Tuple[Dict[str, Any], List[Any]]:
+    host = a.copy_to_host()
+    header = {"shape": list(a.shape), "dtype": a.dtype.str, "order": a.order}
+    return header, [memoryview(np.ascontiguousarray(host).reshape(-1).view(np.uint8))]
+
+
+@dask_deserialize.register(DeferrableArray)
+def _deserialize(header: Dict[str, Any], frames: List[Any]) -> Any:
+    ary = np.frombuffer(bytearray(frames[0]) if len(frames) == 1 else b"".join(frames),
+                        dtype=np.dtype(header["dtype"]))
+    ary = ary.reshape(header["shape"], order=header["order"])
+    state = None
+    try:
+        state = getattr(get_worker(), _ATTR, None)  # in a task
+    except ValueError:
+        # Data from another worker is deserialized on the event loop, where Dask does not
+        # say which worker: in a worker process there is one.
+        with _states_lock:
+            live = [st for st in _states if st.runtime is not None and not st.runtime.closed]
+        if len(live) == 1:
+            state = live[0]
+    return ary if state is None else DeferrableArray.from_host(state.runtime, ary)
+
+
+# -- `dask worker --preload spillway.dask` ------------------------------------------------------
+async def dask_setup(worker: Any) -> None:
+    """Preload hook: installs SpillwayPlugin with the worker's configuration (spillway.* in
+    the Dask config, SPILLWAY_* variables)."""
+    await worker.plugin_add(plugin=SpillwayPlugin(), name=SpillwayPlugin.name)

@@ -1,0 +1,369 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Behaviour tests of the spill trace (config.trace_path / SPILLWAY_TRACE), public API only:
+ * a known sequence of moves gives a file that is valid JSON in Chrome's trace-event format
+ * with one event for each of them (spill, spill to disk, demotion, unspill, disk read, lock
+ * wait, spill on demand) and the tier counters; a batch is one slice; the size cap holds;
+ * "%p" names the process; a trace that cannot be written leaves the runtime working.
+ *
+ * The file holds one event per line, so each line is checked as a JSON value of its own and
+ * the whole file as one array, by the small validator below. */
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "test_main.h"
+#include "test_util.h"
+
+#define MIB ((size_t)1 << 20)
+
+/* ---- a JSON validator (RFC 8259 syntax; enough to refuse what a viewer would) ---------- */
+typedef struct jp {
+  const char *p, *end;
+} jp_t;
+
+static void ws(jp_t *j) {
+  while (j->p < j->end && (*j->p == ' ' || *j->p == '\n' || *j->p == '\t' || *j->p == '\r'))
+    j->p++;
+}
+static int lit(jp_t *j, const char *w) {
+  size_t n = strlen(w);
+  if ((size_t)(j->end - j->p) < n || memcmp(j->p, w, n) != 0) return 0;
+  j->p += n;
+  return 1;
+}
+static int value(jp_t *j, int depth);
+static int string(jp_t *j) {
+  if (j->p >= j->end || *j->p != '"') return 0;
+  for (j->p++; j->p < j->end; j->p++) {
+    unsigned char c = (unsigned char)*j->p;
+    if (c == '"') {
+      j->p++;
+      return 1;
+    }
+    if (c < 0x20) return 0;
+    if (c == '\\') {
+      j->p++;
+      if (j->p >= j->end || !strchr("\"\\/bfnrtu", *j->p)) return 0;
+    }
+  }
+  return 0;
+}
+static int number(jp_t *j) {
+  const char *s = j->p;
+  if (j->p < j->end && *j->p == '-') j->p++;
+  if (j->p >= j->end || *j->p < '0' || *j->p > '9') return 0;
+  if (*j->p == '0') j->p++;
+  else while (j->p < j->end && *j->p >= '0' && *j->p <= '9') j->p++;
+  if (j->p < j->end && *j->p == '.') {
+    j->p++;
+    if (j->p >= j->end || *j->p < '0' || *j->p > '9') return 0;
+    while (j->p < j->end && *j->p >= '0' && *j->p <= '9') j->p++;
+  }
+  return j->p > s;
+}
+static int container(jp_t *j, int depth, char close, int object) {
+  j->p++;
+  ws(j);
+  if (j->p < j->end && *j->p == close) {
+    j->p++;
+    return 1;
+  }
+  for (;;) {
+    ws(j);
+    if (object) {
+      if (!string(j)) return 0;
+      ws(j);
+      if (j->p >= j->end || *j->p++ != ':') return 0;
+    }
+    if (!value(j, depth + 1)) return 0;
+    ws(j);
+    if (j->p < j->end && *j->p == ',') {
+      j->p++;
+      continue;
+    }
+    if (j->p < j->end && *j->p == close) {
+      j->p++;
+      return 1;
+    }
+    return 0;
+  }
+}
+static int value(jp_t *j, int depth) {
+  ws(j);
+  if (depth > 64 || j->p >= j->end) return 0;
+  switch (*j->p) {
+  case '{': return container(j, depth, '}', 1);
+  case '[': return container(j, depth, ']', 0);
+  case '"': return string(j);
+  case 't': return lit(j, "true");
+  case 'f': return lit(j, "false");
+  case 'n': return lit(j, "null");
+  default: return number(j);
+  }
+}
+static int json_valid(const char *s, size_t n) {
+  jp_t j = {s, s + n};
+  if (!value(&j, 0)) return 0;
+  ws(&j);
+  return j.p == j.end;
+}
+
+/* ---- the trace file -------------------------------------------------------------------- */
+typedef struct trace {
+  char *text;
+  size_t len;
+} trace_t;
+
+static trace_t load(const char *path) {
+  FILE *f = fopen(path, "rb");
+  ASSERT_TRUE(f != NULL);
+  trace_t t = {malloc(64 * MIB), 0};
+  ASSERT_TRUE(t.text != NULL);
+  t.len = fread(t.text, 1, 64 * MIB - 1, f);
+  t.text[t.len] = '\0';
+  fclose(f);
+  return t;
+}
+
+/* Every event line (an object, with or without its trailing comma) is valid JSON, and so
+ * is the whole file. Returns the number of events. */
+static size_t check_valid(const trace_t *t) {
+  ASSERT_TRUE(json_valid(t->text, t->len));
+  size_t events = 0;
+  for (const char *l = t->text; *l;) {
+    const char *e = strchr(l, '\n');
+    size_t n = e ? (size_t)(e - l) : strlen(l);
+    if (n > 0 && l[0] == '{') {
+      size_t m = l[n - 1] == ',' ? n - 1 : n;
+      if (!json_valid(l, m)) fprintf(stderr, "bad event line: %.*s\n", (int)n, l);
+      ASSERT_TRUE(json_valid(l, m));
+      events++;
+    }
+    l = e ? e + 1 : l + n;
+  }
+  return events;
+}
+
+/* The lines whose "name" is `name` (and that contain `also`, if not NULL). */
+static size_t count(const trace_t *t, const char *name, const char *also) {
+  char key[128];
+  snprintf(key, sizeof key, "{\"name\":\"%s\",", name);
+  size_t c = 0;
+  for (const char *l = t->text; (l = strstr(l, key)) != NULL; l++) {
+    const char *e = strchr(l, '\n'), *a = also ? strstr(l, also) : NULL;
+    if (!also || (a && e && a < e)) c++;
+  }
+  return c;
+}
+
+/* The largest "bytes" value of the counter `name`. */
+static uint64_t counter_max(const trace_t *t, const char *name) {
+  char key[128];
+  snprintf(key, sizeof key, "{\"name\":\"%s\",\"ph\":\"C\"", name);
+  uint64_t best = 0;
+  for (const char *l = t->text; (l = strstr(l, key)) != NULL; l++) {
+    const char *b = strstr(l, "\"bytes\":");
+    ASSERT_TRUE(b != NULL);
+    uint64_t v = strtoull(b + 8, NULL, 10);
+    if (v > best) best = v;
+  }
+  return best;
+}
+
+static char dir[256];
+
+static void make_dir(void) {
+  snprintf(dir, sizeof dir, "/tmp/spw-trace-XXXXXX");
+  ASSERT_TRUE(mkdtemp(dir) != NULL);
+}
+
+static void remove_dir(void) {
+  char cmd[300];
+  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+  ASSERT_EQ(system(cmd), 0);
+}
+
+static spw_runtime_t *traced_runtime(const char *path, uint64_t cap) {
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.device_limit = 8 * MIB;
+  cfg.host_device_bytes = 64 * MIB;
+  cfg.spill_dir = dir;
+  cfg.io = SPW_IO_POSIX;
+  cfg.trace_path = path;
+  cfg.trace_max_bytes = cap;
+  return test_runtime(&cfg);
+}
+
+static void every_kind_of_move_is_an_event_in_valid_json(void) {
+  make_dir();
+  char path[300];
+  snprintf(path, sizeof path, "%s/t.json", dir);
+  spw_runtime_t *rt = traced_runtime(path, 0);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b[4];
+  uint8_t *src = malloc(MIB);
+  for (int i = 0; i < 4; i++) {
+    ASSERT_OK(spw_alloc(rt, MIB, s, &b[i]));
+    test_fill(src, MIB, (uint64_t)i);
+    test_write(rt, b[i], s, src, MIB);
+  }
+  ASSERT_OK(spw_spill(rt, b[0], SPW_TIER_HOST)); /* spill */
+  ASSERT_OK(spw_spill(rt, b[1], SPW_TIER_DISK)); /* spill to disk */
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_spill(rt, b[0], SPW_TIER_DISK)); /* demotion */
+  ASSERT_OK(spw_spill(rt, b[2], SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_EQ(state_of(rt, b[0]), SPW_STATE_DISK);
+  ASSERT_EQ(state_of(rt, b[1]), SPW_STATE_DISK);
+  test_expect_fill(rt, b[2], s, MIB, 2); /* unspill for an acquire: a lock wait */
+  test_expect_fill(rt, b[1], s, MIB, 1); /* disk read for an acquire: a lock wait */
+  spw_buf_t more[10];
+  for (int i = 0; i < 10; i++) ASSERT_OK(spw_alloc(rt, MIB, s, &more[i])); /* on demand */
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  spw_stats_t st = stats_of(rt);
+  ASSERT_GT(st.spills_on_demand, 0);
+  ASSERT_OK(spw_runtime_destroy(rt));
+
+  trace_t t = load(path);
+  ASSERT_GT(check_valid(&t), 20);
+  char mib[64];
+  snprintf(mib, sizeof mib, "\"bytes\":%zu,", MIB);
+  ASSERT_GE(count(&t, "spill", mib), 2);
+  ASSERT_EQ(count(&t, "spill to disk", mib), 1);
+  ASSERT_EQ(count(&t, "demote", mib), 1);
+  ASSERT_GE(count(&t, "unspill", mib), 1);
+  ASSERT_EQ(count(&t, "disk read", mib), 1);
+  ASSERT_GE(count(&t, "lock wait", mib), 2);
+  ASSERT_GE(count(&t, "spill on demand", NULL), 1);
+  /* The handle of each moved buffer is in its event's arguments. */
+  char h[64];
+  snprintf(h, sizeof h, "\"buf\":\"0x%llx\"", (unsigned long long)b[1]);
+  ASSERT_EQ(count(&t, "spill to disk", h), 1);
+  ASSERT_EQ(count(&t, "disk read", h), 1);
+  /* Tracks and counters. */
+  ASSERT_EQ(count(&t, "thread_name", "engine down lane"), 1);
+  ASSERT_GE(counter_max(&t, "device"), 4 * MIB);
+  ASSERT_GE(counter_max(&t, "host"), MIB);
+  ASSERT_GE(counter_max(&t, "disk"), MIB);
+  ASSERT_GE(count(&t, "locked", NULL), 1);
+  ASSERT_EQ(count(&t, "trace end", "\"dropped_full_buffer\":0,\"dropped_size_cap\":0"), 1);
+  free(t.text);
+  free(src);
+  remove_dir();
+}
+
+static void a_batch_is_one_slice(void) {
+  make_dir();
+  char path[300];
+  snprintf(path, sizeof path, "%s/t.json", dir);
+  spw_runtime_t *rt = traced_runtime(path, 0);
+  spw_buf_t b[16];
+  for (int i = 0; i < 16; i++) ASSERT_OK(spw_alloc(rt, 64 << 10, NULL, &b[i]));
+  ASSERT_OK(spw_spill_n(rt, b, 16, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  trace_t t = load(path);
+  check_valid(&t);
+  ASSERT_EQ(count(&t, "spill", NULL), 1);
+  ASSERT_EQ(count(&t, "spill", "\"bytes\":1048576,\"buffers\":16,"), 1);
+  free(t.text);
+  remove_dir();
+}
+
+static void the_size_cap_holds_and_drops_are_counted(void) {
+  make_dir();
+  char path[300];
+  snprintf(path, sizeof path, "%s/t.json", dir);
+  const uint64_t cap = 4096;
+  spw_runtime_t *rt = traced_runtime(path, cap);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b;
+  ASSERT_OK(spw_alloc(rt, 4096, s, &b));
+  for (int i = 0; i < 100; i++) {
+    ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
+    ASSERT_OK(spw_wait_idle(rt));
+    void *d;
+    ASSERT_OK(spw_acquire(rt, b, s, 0, &d)); /* writable: the next spill copies */
+    ASSERT_OK(spw_stream_synchronize(rt, s));
+  }
+  ASSERT_OK(spw_runtime_destroy(rt));
+  struct stat sb;
+  ASSERT_EQ(stat(path, &sb), 0);
+  ASSERT_LE((uint64_t)sb.st_size, cap);
+  trace_t t = load(path);
+  check_valid(&t);
+  ASSERT_EQ(count(&t, "trace end", "\"dropped_size_cap\":0,"), 0);
+  ASSERT_EQ(count(&t, "trace end", "\"max_bytes\":4096"), 1);
+  free(t.text);
+  remove_dir();
+}
+
+static void percent_p_in_the_path_is_the_process_id(void) {
+  make_dir();
+  char path[300], want[300];
+  snprintf(path, sizeof path, "%s/t-%%p.json", dir);
+  snprintf(want, sizeof want, "%s/t-%ld.json", dir, (long)getpid());
+  spw_runtime_t *rt = traced_runtime(path, 0);
+  ASSERT_OK(spw_runtime_destroy(rt));
+  trace_t t = load(want);
+  check_valid(&t);
+  free(t.text);
+  remove_dir();
+}
+
+static void an_unwritable_trace_leaves_the_runtime_working(void) {
+  make_dir();
+  char path[300];
+  snprintf(path, sizeof path, "%s/no/such/dir/t.json", dir);
+  spw_runtime_t *rt = traced_runtime(path, 0);
+  spw_buf_t b;
+  ASSERT_OK(spw_alloc(rt, MIB, NULL, &b));
+  ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
+  ASSERT_OK(spw_runtime_destroy(rt));
+  remove_dir();
+}
+
+static void a_config_without_the_trace_fields_still_works(void) {
+  /* A caller built against the header before the trace fields passes a smaller struct. */
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.struct_size = offsetof(spw_config_t, trace_path);
+  cfg.trace_path = "/nonexistent/must-not-be-read";
+  cfg.device_limit = 8 * MIB;
+  cfg.host_device_bytes = 64 * MIB;
+  spw_runtime_t *rt = test_runtime(&cfg);
+  spw_buf_t b;
+  ASSERT_OK(spw_alloc(rt, MIB, NULL, &b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void a_bad_size_cap_is_a_config_error_that_names_it(void) {
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  char msg[256];
+  cfg.trace_max_bytes = 100;
+  ASSERT_STATUS(spw_config_validate(&cfg, msg, sizeof msg), SPW_ERR_CONFIG);
+  ASSERT_TRUE(strstr(msg, "config.trace_max_bytes") != NULL);
+  cfg.trace_max_bytes = 0;
+  ASSERT_EQ(setenv("SPILLWAY_TRACE_MAX", "lots", 1), 0);
+  ASSERT_STATUS(spw_config_validate(&cfg, msg, sizeof msg), SPW_ERR_CONFIG);
+  ASSERT_TRUE(strstr(msg, "SPILLWAY_TRACE_MAX='lots'") != NULL);
+  ASSERT_EQ(setenv("SPILLWAY_TRACE_MAX", "1.5 MiB", 1), 0);
+  ASSERT_OK(spw_config_validate(&cfg, msg, sizeof msg));
+  ASSERT_EQ(unsetenv("SPILLWAY_TRACE_MAX"), 0);
+}
+
+static const spw_test_t tests[] = {
+    TEST(every_kind_of_move_is_an_event_in_valid_json),
+    TEST(a_batch_is_one_slice),
+    TEST(the_size_cap_holds_and_drops_are_counted),
+    TEST(percent_p_in_the_path_is_the_process_id),
+    TEST(an_unwritable_trace_leaves_the_runtime_working),
+    TEST(a_config_without_the_trace_fields_still_works),
+    TEST(a_bad_size_cap_is_a_config_error_that_names_it),
+};
+
+TEST_MAIN(tests)
