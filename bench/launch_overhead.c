@@ -115,6 +115,7 @@ static int measure(const bench_env_t *env, spw_runtime_t *rt, size_t n, uint64_t
   c.func = spw_host_kernel(host_empty);
 #ifdef SPW_BENCH_HAVE_CUDA
   if (env->kind == SPW_BACKEND_CUDA) c.func = lo_empty_kernel((int)n);
+  if (!c.func) return bench_fail(rt, "cudaGetKernel", SPW_ERR_CUDA);
 #endif
   spw_stream_t hold;
   int st = spw_stream_create(rt, &c.s);

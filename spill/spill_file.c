@@ -394,7 +394,8 @@ static int reserve_blocks(spw_spill_file_t *f, uint64_t off, uint64_t len, int k
       /* Some file systems (ext4) keep what a failed fallocate allocated, and move the size
        * along: give it back so that nothing changes. */
       if (keep_size) (void)punch(f, off, len);
-      else (void)ftruncate(f->fd, (off_t)f->size);
+      else if (ftruncate(f->fd, (off_t)f->size) != 0) { /* nothing more to undo it with */
+      }
       return -e;
     }
     /* No fallocate here (ramfs answers EINVAL): grow sparsely. ENOSPC then surfaces at

@@ -30,7 +30,7 @@ static int sync_and_unlock(spw_runtime_t *rt, spw_stream_entry_t *e) {
     put_back(rt, e, list, n);
     return st;
   }
-  spw__unlock_list(rt, list, n);
+  spw__unlock_list(rt, list, n, 1);
   spw__completions_flush_stream(rt->completions, e->bstream, mark);
   return SPW_OK;
 }

@@ -175,13 +175,19 @@ void spw__lock_n_prepare(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, uns
   if (host != stack) free(host);
 }
 
-void spw__unlock(spw_runtime_t *rt, spw_buf_t h) {
+static void unlock(spw_runtime_t *rt, spw_buf_t h, int done) {
   spw_slot_t *s = spw__handles_slot_at(&rt->handles, spw__handle_index(h));
   uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
   for (;;) {
     if (spw__w_count(w) == 0 || spw__w_gen(w) != spw__handle_gen(h)) return; /* cannot happen */
     if (spw__w_count(w) == 1 && (w & SPW_W_FREE_PENDING)) break; /* last lock of a freed buffer */
-    if (atomic_compare_exchange_weak_explicit(&s->word, &w, w - 1, memory_order_acq_rel,
+    uint64_t next = w - 1;
+    /* WAIT of a resident buffer is the landing of its last unspill, which this lock's
+     * completed work followed. (Not while a mover holds the word: it writes the flags.) */
+    if (done && (w & SPW_W_WAIT) && !(w & SPW_W_MOVING) &&
+        spw__w_state(w) == SPW_STATE_RESIDENT)
+      next &= ~SPW_W_WAIT;
+    if (atomic_compare_exchange_weak_explicit(&s->word, &w, next, memory_order_acq_rel,
                                               memory_order_acquire))
       return;
   }
@@ -194,8 +200,12 @@ void spw__unlock(spw_runtime_t *rt, spw_buf_t h) {
   else pthread_mutex_unlock(&s->mu);
 }
 
-void spw__unlock_list(spw_runtime_t *rt, spw_buf_t *list, size_t n) {
-  for (size_t i = 0; i < n; i++) spw__unlock(rt, list[i]);
+void spw__unlock(spw_runtime_t *rt, spw_buf_t h) { unlock(rt, h, 0); }
+
+void spw__unlock_done(spw_runtime_t *rt, spw_buf_t h) { unlock(rt, h, 1); }
+
+void spw__unlock_list(spw_runtime_t *rt, spw_buf_t *list, size_t n, int done) {
+  for (size_t i = 0; i < n; i++) unlock(rt, list[i], done);
   free(list);
 }
 
@@ -210,7 +220,7 @@ static void unlock_job_run(void *arg, int status) {
   /* A failed stream still releases (the locks must not leak); its error also reaches the
    * application through its own synchronize. */
   if (status != SPW_OK) spw__set_async_error(j->rt, status);
-  spw__unlock_list(j->rt, j->list, j->n);
+  spw__unlock_list(j->rt, j->list, j->n, status == SPW_OK);
   free(j);
 }
 

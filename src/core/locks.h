@@ -19,8 +19,15 @@ void spw__lock_n_prepare(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, uns
 /* Drops one lock of h (its lock map entry is gone already). The last lock of a freed
  * buffer finishes its free. */
 void spw__unlock(spw_runtime_t *rt, spw_buf_t h);
-/* Drops one lock of each buffer in `list` (malloc'd; freed here) now. */
-void spw__unlock_list(spw_runtime_t *rt, spw_buf_t *list, size_t n);
+/* The same, when the lock's stream is known to have completed everything enqueued before
+ * the release (it was synchronized, or an event recorded after the release completed). An
+ * unspill copy into the buffer came before that point, or the stream waited for it before
+ * taking the lock: it has landed, so the buffer loses WAIT, and later locks and spills need
+ * not query its `ready` event. */
+void spw__unlock_done(spw_runtime_t *rt, spw_buf_t h);
+/* Drops one lock of each buffer in `list` (malloc'd; freed here) now; `done` as for
+ * spw__unlock_done. */
+void spw__unlock_list(spw_runtime_t *rt, spw_buf_t *list, size_t n, int done);
 /* The same once the work enqueued on `stream` so far has completed, without blocking. On
  * error nothing is scheduled and `list` stays the caller's. */
 int spw__unlock_list_after(spw_runtime_t *rt, spw_stream_t stream, spw_buf_t *list, size_t n);

@@ -48,6 +48,8 @@ suite() { # $1: label, $2: NUMBA_CUDA_MEMORY_MANAGER value
 
 case "$phase" in
 install)
+  # numpy: the image's 2.5 has no np.row_stack, which numba-cuda 0.30.4 registers at import,
+  # so no kernel compiles there; carry numpy 2.3 in .whl/ (it lands first on PYTHONPATH).
   nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1
   if compgen -G ".whl/*.whl" >/dev/null; then
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
