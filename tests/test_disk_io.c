@@ -23,6 +23,7 @@
 #include "spill_file.h"
 #include "test_main.h"
 #include "test_util.h"
+#include "tmpdir.h"
 
 #define KiB ((size_t)1 << 10)
 #define MiB ((size_t)1 << 20)
@@ -75,9 +76,7 @@ typedef struct fixture {
 
 
 static void fixture_file(fixture_t *fx) {
-  const char *base = getenv("TMPDIR");
-  snprintf(fx->dir, sizeof fx->dir, "%s/spw_disk_io_XXXXXX", base && *base ? base : "/tmp");
-  ASSERT_TRUE(mkdtemp(fx->dir) != NULL);
+  test_tmpdir(fx->dir, sizeof fx->dir, "disk-io");
   ASSERT_OK(spw__spill_file_open(fx->dir, 0, 64 * MiB, sink_log, &fx->sink, &fx->file));
 }
 
@@ -106,6 +105,7 @@ static void fixture_close(fixture_t *fx) {
   if (fx->io) spw__io_close(fx->io);
   spw__spill_file_close(fx->file);
   ASSERT_EQ(rmdir(fx->dir), 0);
+  test_tmpdir_forget(fx->dir);
 }
 
 static void *aligned(size_t n) {

@@ -11,6 +11,7 @@
  * spw_memcpy_async + spw_stream_synchronize, so every test is valid on both backends.
  * Each test spills into a fresh directory of its own. SPW_TEST_SEED=n replays a run. */
 #include <dirent.h>
+#include <limits.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -22,6 +23,7 @@
 #include "runtime.h"
 #include "test_main.h"
 #include "test_util.h"
+#include "tmpdir.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -33,9 +35,7 @@ static uint8_t *tmpl;
 
 /* ---- helpers ----------------------------------------------------------------------- */
 
-static void make_dir(char *dir) {
-  ASSERT_TRUE(mkdtemp(dir) != NULL);
-}
+static void make_dir(char *dir, size_t len, const char *tag) { test_tmpdir(dir, len, tag); }
 
 /* Names in `dir` other than "." and "..". */
 static int entries_in(const char *dir) {
@@ -54,10 +54,14 @@ static int entries_in(const char *dir) {
 /* Removes a test's spill directory, which the runtime must have left empty; says what is
  * there if it is not. */
 static void remove_spill_dir(const char *dir) {
-  if (rmdir(dir) == 0) return;
+  if (rmdir(dir) == 0) {
+    test_tmpdir_forget(dir);
+    return;
+  }
   perror("rmdir of the spill directory");
   ASSERT_EQ(entries_in(dir), 0);
   ASSERT_EQ(rmdir(dir), 0);
+  test_tmpdir_forget(dir);
 }
 
 static spw_runtime_t *disk_runtime(const char *dir, uint64_t device_limit, uint64_t host_limit) {
@@ -105,8 +109,8 @@ static void spill_wait(spw_runtime_t *rt, spw_buf_t b, spw_tier_t tier, spw_stat
 
 static void buffers_go_device_host_disk_device_intact(void) {
   /* A 4 MiB host tier: spilling more demotes the least recently used to disk. */
-  char dir[] = "/tmp/spw-test-disk-XXXXXX";
-  make_dir(dir);
+  char dir[PATH_MAX];
+  make_dir(dir, sizeof dir, "disk");
   spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 4 * MIB);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
@@ -142,8 +146,8 @@ static void buffers_go_device_host_disk_device_intact(void) {
 }
 
 static void spill_to_disk_tier_skips_the_host(void) {
-  char dir[] = "/tmp/spw-test-disk-XXXXXX";
-  make_dir(dir);
+  char dir[PATH_MAX];
+  make_dir(dir, sizeof dir, "disk");
   spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
@@ -198,8 +202,8 @@ typedef struct dt_worker {
 /* A spill to host that finds no host memory (the buffer is larger than the whole host tier,
  * and there is nothing to demote) goes straight to disk: the device needs the room. */
 static void spill_to_a_full_host_tier_goes_to_disk(void) {
-  char dir[] = "/tmp/spw-test-disk-XXXXXX";
-  make_dir(dir);
+  char dir[PATH_MAX];
+  make_dir(dir, sizeof dir, "disk");
   spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 1 * MIB);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
@@ -239,8 +243,8 @@ static void *dt_main(void *arg) {
 }
 
 static void four_threads_under_pressure_keep_contents(void) {
-  char dir[] = "/tmp/spw-test-disk-XXXXXX";
-  make_dir(dir);
+  char dir[PATH_MAX];
+  make_dir(dir, sizeof dir, "disk");
   spw_runtime_t *rt = disk_runtime(dir, 8 * MIB, 4 * MIB);
   dt_worker_t w[DT_THREADS];
   memset(w, 0, sizeof w);
@@ -287,8 +291,8 @@ static void four_threads_under_pressure_keep_contents(void) {
 
 static void write_eio_keeps_buffer_on_host(void) {
   const size_t n = 3 * MIB + 11;
-  char dir[] = "/tmp/spw-test-disk-XXXXXX";
-  make_dir(dir);
+  char dir[PATH_MAX];
+  make_dir(dir, sizeof dir, "disk");
   spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
@@ -315,8 +319,8 @@ static void write_eio_keeps_buffer_on_host(void) {
 
 static void write_eio_on_direct_spill_keeps_buffer_resident(void) {
   const size_t n = 5 * MIB - 1;
-  char dir[] = "/tmp/spw-test-disk-XXXXXX";
-  make_dir(dir);
+  char dir[PATH_MAX];
+  make_dir(dir, sizeof dir, "disk");
   spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
@@ -338,8 +342,8 @@ static void write_eio_on_direct_spill_keeps_buffer_resident(void) {
 
 static void read_eio_fails_acquire_and_keeps_buffer_on_disk(void) {
   const size_t n = 5 * MIB + 3;
-  char dir[] = "/tmp/spw-test-disk-XXXXXX";
-  make_dir(dir);
+  char dir[PATH_MAX];
+  make_dir(dir, sizeof dir, "disk");
   spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
@@ -362,8 +366,8 @@ static void read_eio_fails_acquire_and_keeps_buffer_on_disk(void) {
 }
 
 static void spill_file_is_invisible_and_leaves_no_trace(void) {
-  char dir[] = "/tmp/spw-test-disk-XXXXXX";
-  make_dir(dir);
+  char dir[PATH_MAX];
+  make_dir(dir, sizeof dir, "disk");
   ASSERT_EQ(entries_in(dir), 0);
   spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
   spw_stream_t s;
@@ -382,14 +386,14 @@ static void spill_file_is_invisible_and_leaves_no_trace(void) {
 }
 
 static void enospc_on_small_tmpfs_keeps_buffers_on_host(void) {
-  char dir[] = "/tmp/spw-test-tmpfs-XXXXXX";
-  make_dir(dir);
+  char dir[PATH_MAX];
+  make_dir(dir, sizeof dir, "tmpfs");
   /* A private mount namespace when we may have one, so that the mount vanishes with the
    * process even if an assertion kills it. Best effort: without it, unmounted below. */
   if (unshare(CLONE_NEWNS) == 0) (void)mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
   if (mount("tmpfs", dir, "tmpfs", 0, "size=16m,mode=0700") != 0) {
     printf("  mount tmpfs: %s\n", strerror(errno));
-    rmdir(dir);
+    test_tmpdir_remove(dir);
     TEST_SKIP_IF(1, "cannot mount a tmpfs here (needs root)");
   }
   const size_t n = 5 * MIB + 1; /* three fit in 16 MiB, five do not */
@@ -429,8 +433,8 @@ static void enospc_on_small_tmpfs_keeps_buffers_on_host(void) {
 /* Skips the whole run (77) when SPILLWAY_IO=uring and the kernel refuses io_uring: the
  * library then reports the disk tier unsupported. Any other failure is a failure. */
 static void skip_if_uring_refused(void) {
-  char dir[] = "/tmp/spw-test-disk-XXXXXX";
-  make_dir(dir);
+  char dir[PATH_MAX];
+  make_dir(dir, sizeof dir, "disk");
   spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
@@ -452,8 +456,8 @@ static void skip_if_uring_refused(void) {
  * are freed (every tier full means nothing can move: a buffer read back from disk needs a
  * device copy before its disk copy goes), work goes on. */
 static void alloc_with_host_and_disk_full_says_the_disk_is_full(void) {
-  char dir[] = "/tmp/spw-test-disk-XXXXXX";
-  make_dir(dir);
+  char dir[PATH_MAX];
+  make_dir(dir, sizeof dir, "disk");
   spw_config_t cfg = SPW_CONFIG_INIT;
   cfg.spill_dir = dir;
   cfg.device_limit = 2 * MIB;

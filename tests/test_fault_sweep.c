@@ -19,6 +19,7 @@
 #include "runtime.h"
 #include "test_main.h"
 #include "test_util.h"
+#include "tmpdir.h"
 
 #define KIB ((size_t)1 << 10)
 #define NBUF 3
@@ -163,8 +164,7 @@ static void disarm(world_t *w) {
 }
 
 static void open_world(world_t *w) {
-  snprintf(w->dir, sizeof w->dir, "/tmp/spw-test-sweep-XXXXXX");
-  ASSERT_TRUE(mkdtemp(w->dir) != NULL);
+  test_tmpdir(w->dir, sizeof w->dir, "sweep");
   spw_config_t cfg = SPW_CONFIG_INIT;
   cfg.device_limit = 512 * KIB; /* the three do not fit: moves on demand too */
   cfg.host_limit = 320 * KIB;   /* nor on the host: demotions and spills straight to disk */
@@ -201,6 +201,7 @@ static void close_world(world_t *w) {
   ASSERT_UEQ(st.disk_bytes, 0);
   ASSERT_OK(spw_runtime_destroy(w->rt));
   ASSERT_EQ(rmdir(w->dir), 0); /* the spill file left nothing behind */
+  test_tmpdir_forget(w->dir);
 }
 
 static void run_with(const fault_t *f, size_t at) {

@@ -10,6 +10,7 @@
  * on both backends. Device memory is touched only through spw_memcpy_async +
  * spw_stream_synchronize; no copy is enqueued between an injection and the operation meant
  * to consume it. */
+#include <limits.h>
 #include <stdint.h>
 #include <time.h>
 #include <unistd.h>
@@ -17,6 +18,7 @@
 #include "runtime.h"
 #include "test_main.h"
 #include "test_util.h"
+#include "tmpdir.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -165,11 +167,11 @@ static void full_host_arena_without_disk_fails_allocation_cleanly(void) {
    * the allocation says why: the host tier is full (not that the device is locked). No
    * background spilling (high watermark 1), so every spill is the allocations' own. */
   const size_t n = 1 * MIB;
-  char dir[] = "/tmp/spw-test-nodisk-XXXXXX";
-  ASSERT_TRUE(mkdtemp(dir) != NULL);
+  char dir[PATH_MAX];
+  test_tmpdir(dir, sizeof dir, "nodisk");
   char gone[sizeof dir + 8];
   snprintf(gone, sizeof gone, "%s/gone", dir);
-  ASSERT_EQ(rmdir(dir), 0);
+  test_tmpdir_remove(dir);
   spw_config_t cfg = SPW_CONFIG_INIT;
   cfg.device_limit = 4 * n;
   cfg.host_limit = 2 * n;

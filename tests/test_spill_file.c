@@ -24,6 +24,7 @@
 #include "spill_file.h"
 #include "test_main.h"
 #include "test_util.h"
+#include "tmpdir.h"
 
 #define KiB ((uint64_t)1 << 10)
 #define MiB ((uint64_t)1 << 20)
@@ -63,16 +64,15 @@ static int sink_count(log_sink_t *s, const char *needle) {
 }
 
 static char *make_dir(void) {
-  const char *base = getenv("TMPDIR");
   char *path = malloc(4096);
   ASSERT_TRUE(path != NULL);
-  snprintf(path, 4096, "%s/spw_spill_file_XXXXXX", base && *base ? base : "/tmp");
-  ASSERT_TRUE(mkdtemp(path) != NULL);
+  test_tmpdir(path, 4096, "spill-file");
   return path;
 }
 
 static void remove_dir(char *path) {
   ASSERT_EQ(rmdir(path), 0);
+  test_tmpdir_forget(path);
   free(path);
 }
 

@@ -14,6 +14,7 @@
 
 #include "test_main.h"
 #include "test_util.h"
+#include "tmpdir.h"
 
 #define MIB ((size_t)1 << 20)
 
@@ -173,16 +174,9 @@ static uint64_t counter_max(const trace_t *t, const char *name) {
 
 static char dir[256];
 
-static void make_dir(void) {
-  snprintf(dir, sizeof dir, "/tmp/spw-trace-XXXXXX");
-  ASSERT_TRUE(mkdtemp(dir) != NULL);
-}
+static void make_dir(void) { test_tmpdir(dir, sizeof dir, "trace"); }
 
-static void remove_dir(void) {
-  char cmd[300];
-  snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-  ASSERT_EQ(system(cmd), 0);
-}
+static void remove_dir(void) { test_tmpdir_remove(dir); }
 
 static spw_runtime_t *traced_runtime(const char *path, uint64_t cap) {
   spw_config_t cfg = SPW_CONFIG_INIT;
