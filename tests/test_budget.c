@@ -12,17 +12,6 @@
 
 #define MIB ((size_t)1 << 20)
 
-static spw_buf_t filled(spw_runtime_t *rt, spw_stream_t s, size_t n, uint64_t seed) {
-  spw_buf_t b;
-  uint8_t *src = malloc(n);
-  ASSERT_TRUE(src != NULL);
-  test_fill(src, n, seed);
-  ASSERT_OK(spw_alloc(rt, n, s, &b));
-  test_write(rt, b, s, src, n);
-  free(src);
-  return b;
-}
-
 /* Issue 7: "device limit 16777216 bytes: 13250584 in use, 6433451 of them locked, 3790155
  * asked for": reservations of prefetches in flight counted as if they were locked. Here
  * half the budget is locked and the other half is reserved by a prefetch whose copy is
@@ -39,13 +28,13 @@ static void alloc_waits_for_a_prefetch_in_flight_instead_of_failing(void) {
   spw_buf_t locked[2], away[2], extra;
   void *d;
   for (int i = 0; i < 2; i++) {
-    away[i] = filled(rt, s, 4 * MIB, 10 + (uint64_t)i);
+    away[i] = test_filled(rt, s, 4 * MIB, 10 + (uint64_t)i);
     ASSERT_OK(spw_spill(rt, away[i], SPW_TIER_HOST));
     ASSERT_OK(spw_wait_idle(rt));
     ASSERT_EQ(state_of(rt, away[i]), SPW_STATE_HOST);
   }
   for (int i = 0; i < 2; i++) {
-    locked[i] = filled(rt, s, 4 * MIB, 20 + (uint64_t)i);
+    locked[i] = test_filled(rt, s, 4 * MIB, 20 + (uint64_t)i);
     ASSERT_OK(spw_acquire(rt, locked[i], holder, 0, &d));
   }
   ASSERT_UEQ(stats_of(rt).locked_bytes, 8 * MIB);

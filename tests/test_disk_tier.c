@@ -37,20 +37,6 @@ static uint8_t *tmpl;
 
 static void make_dir(char *dir, size_t len, const char *tag) { test_tmpdir(dir, len, tag); }
 
-/* Names in `dir` other than "." and "..". */
-static int entries_in(const char *dir) {
-  DIR *d = opendir(dir);
-  ASSERT_TRUE(d != NULL);
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d));)
-    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
-      printf("  unexpected entry in %s: %s\n", dir, e->d_name);
-      n++;
-    }
-  closedir(d);
-  return n;
-}
-
 /* Removes a test's spill directory, which the runtime must have left empty; says what is
  * there if it is not. */
 static void remove_spill_dir(const char *dir) {
@@ -59,7 +45,7 @@ static void remove_spill_dir(const char *dir) {
     return;
   }
   perror("rmdir of the spill directory");
-  ASSERT_EQ(entries_in(dir), 0);
+  ASSERT_EQ(test_dir_entries(dir), 0);
   ASSERT_EQ(rmdir(dir), 0);
   test_tmpdir_forget(dir);
 }
@@ -368,7 +354,7 @@ static void read_eio_fails_acquire_and_keeps_buffer_on_disk(void) {
 static void spill_file_is_invisible_and_leaves_no_trace(void) {
   char dir[PATH_MAX];
   make_dir(dir, sizeof dir, "disk");
-  ASSERT_EQ(entries_in(dir), 0);
+  ASSERT_EQ(test_dir_entries(dir), 0);
   spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
@@ -378,10 +364,10 @@ static void spill_file_is_invisible_and_leaves_no_trace(void) {
   spill_wait(rt, demoted, SPW_TIER_HOST, SPW_STATE_HOST);
   spill_wait(rt, demoted, SPW_TIER_DISK, SPW_STATE_DISK);
   ASSERT_UEQ(stats_of(rt).disk_bytes, 3 * MIB + 1 + 100000);
-  ASSERT_EQ(entries_in(dir), 0); /* the data is on disk, in a file nobody can name */
+  ASSERT_EQ(test_dir_entries(dir), 0); /* the data is on disk, in a file nobody can name */
   /* Destroyed with buffers still on disk: nothing is left behind either. */
   ASSERT_OK(spw_runtime_destroy(rt));
-  ASSERT_EQ(entries_in(dir), 0);
+  ASSERT_EQ(test_dir_entries(dir), 0);
   remove_spill_dir(dir);
 }
 
@@ -425,7 +411,7 @@ static void enospc_on_small_tmpfs_keeps_buffers_on_host(void) {
   for (int i = 0; i < nb; i++) expect_contents(rt, b[i], s, n, 80 + (uint64_t)i);
   for (int i = 0; i < nb; i++) ASSERT_OK(spw_free(rt, b[i]));
   ASSERT_OK(spw_runtime_destroy(rt));
-  ASSERT_EQ(entries_in(dir), 0);
+  ASSERT_EQ(test_dir_entries(dir), 0);
   ASSERT_EQ(umount2(dir, MNT_DETACH), 0);
   remove_spill_dir(dir);
 }

@@ -32,6 +32,7 @@
 
 #include "test_main.h"
 #include "test_util.h"
+#include "tmpdir.h"
 
 #define MIB ((size_t)1 << 20)
 #define ITERATIONS 6   /* kills per mode and per file-creation path */
@@ -108,19 +109,6 @@ static void make_dir(char *out, size_t len) {
 static void forget_dir(void) { live_dir[0] = '\0'; }
 
 /* Names in `dir` other than "." and "..", printed. */
-static int entries_in(const char *dir) {
-  DIR *d = opendir(dir);
-  ASSERT_TRUE(d != NULL);
-  int n = 0;
-  for (struct dirent *e; (e = readdir(d));)
-    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
-      fprintf(stderr, "  left in %s: %s\n", dir, e->d_name);
-      n++;
-    }
-  closedir(d);
-  return n;
-}
-
 /* Removes `dir` and the files in it. Only system calls (no malloc, no stdio), so that the
  * SIGABRT handler below can use it too. */
 static void remove_dir(const char *dir) {
@@ -320,7 +308,7 @@ static void kill_once(kill_moment_t moment, int tmpfile_refused) {
   /* The child's spill file exists, in this directory, and has no name there. */
   ASSERT_EQ(c, tmpfile_refused ? 'N' : 'R');
   ASSERT_GE(files_open_in(pid, dir, 1), 1);
-  ASSERT_EQ(entries_in(dir), 0);
+  ASSERT_EQ(test_dir_entries(dir), 0);
   long delay_us = 0;
   if (moment == KILL_AFTER_DELAY) {
     delay_us = (long)(test_splitmix(&rng) % 30000);
@@ -342,7 +330,7 @@ static void kill_once(kill_moment_t moment, int tmpfile_refused) {
   /* Killed by us, not dead of something else before. */
   ASSERT_TRUE(WIFSIGNALED(status));
   ASSERT_EQ(WTERMSIG(status), SIGKILL);
-  int left = entries_in(dir);
+  int left = test_dir_entries(dir);
   printf("  killed %s %ld us after %s: %d entries left\n",
          moment == KILL_AFTER_DELAY ? "at random" : "mid-write", delay_us,
          moment == KILL_AFTER_DELAY ? "the first disk round" : "issuing writes", left);
@@ -388,7 +376,7 @@ static void a_name_left_between_create_and_unlink_is_swept_by_the_next_runtime(v
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   live_child = 0;
   close(rd);
-  printf("  killed between create and unlink: %d entries left\n", entries_in(dir));
+  printf("  killed between create and unlink: %d entries left\n", test_dir_entries(dir));
   DIR *d = opendir(dir);
   ASSERT_TRUE(d != NULL);
   for (struct dirent *e; (e = readdir(d));) {
@@ -409,7 +397,7 @@ static void a_name_left_between_create_and_unlink_is_swept_by_the_next_runtime(v
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   live_child = 0;
   close(rd);
-  int left = entries_in(dir);
+  int left = test_dir_entries(dir);
   ASSERT_EQ(left, 0); /* on failure, the abort handler removes dir */
   ASSERT_EQ(rmdir(dir), 0);
   forget_dir();

@@ -28,24 +28,12 @@ static uint64_t arena_in_use(spw_runtime_t *rt) {
   return as.in_use;
 }
 
-/* Allocates `n` bytes holding test_fill(seed). */
-static spw_buf_t filled(spw_runtime_t *rt, spw_stream_t s, size_t n, uint64_t seed) {
-  spw_buf_t b;
-  uint8_t *src = malloc(n);
-  ASSERT_TRUE(src != NULL);
-  test_fill(src, n, seed);
-  ASSERT_OK(spw_alloc(rt, n, s, &b));
-  test_write(rt, b, s, src, n);
-  free(src);
-  return b;
-}
-
 static void copy_failure_during_spill_keeps_buffer_resident(void) {
   const size_t n = 1 * MIB + 3;
   spw_runtime_t *rt = test_runtime(NULL);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = filled(rt, s, n, 1);
+  spw_buf_t b = test_filled(rt, s, n, 1);
   const spw_stats_t before = stats_of(rt);
 
   spw__inject_fault(rt, SPW_FAULT_COPY, 1);
@@ -82,7 +70,7 @@ static void async_error_reports_failed_spill(void) {
   spw_runtime_t *rt = test_runtime(NULL);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = filled(rt, s, n, 2);
+  spw_buf_t b = test_filled(rt, s, n, 2);
   ASSERT_OK(spw_async_error(rt));
   spw__inject_fault(rt, SPW_FAULT_COPY, 1);
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
@@ -105,7 +93,7 @@ static void copy_failure_during_unspill_fails_acquire(void) {
   spw_runtime_t *rt = test_runtime(NULL);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = filled(rt, s, n, 3);
+  spw_buf_t b = test_filled(rt, s, n, 3);
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
   ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
@@ -140,7 +128,7 @@ static void host_register_failure_with_empty_arena_fails_spill(void) {
   spw_runtime_t *rt = test_runtime(NULL);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = filled(rt, s, n, 4);
+  spw_buf_t b = test_filled(rt, s, n, 4);
   ASSERT_UEQ(stats_of(rt).host_pinned_bytes, 0); /* no slab yet: the spill must pin one */
   const uint64_t failures = stats_of(rt).failures;
 
@@ -242,7 +230,7 @@ static void alloc_failure_allocates_nothing(void) {
   spw_runtime_t *rt = test_runtime(NULL);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t keep = filled(rt, s, 4096, 5);
+  spw_buf_t keep = test_filled(rt, s, 4096, 5);
   const spw_stats_t before = stats_of(rt);
   /* Refuse every attempt: the allocation's retries (after letting frees land and after
    * spilling) must all fail too. */
@@ -272,7 +260,7 @@ static void alloc_refused_once_is_retried(void) {
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
   spw__inject_fault(rt, SPW_FAULT_ALLOC, 1);
-  spw_buf_t b = filled(rt, s, 1 * MIB, 6);
+  spw_buf_t b = test_filled(rt, s, 1 * MIB, 6);
   ASSERT_UEQ(stats_of(rt).buffers, 1);
   test_expect_fill(rt, b, s, 1 * MIB, 6);
   ASSERT_OK(spw_free(rt, b));

@@ -76,17 +76,6 @@ static void remove_dir(char *path) {
   free(path);
 }
 
-static int dir_entries(const char *path) {
-  DIR *d = opendir(path);
-  ASSERT_TRUE(d != NULL);
-  int n = 0;
-  struct dirent *e;
-  while ((e = readdir(d)) != NULL)
-    if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) n++;
-  closedir(d);
-  return n;
-}
-
 static uint64_t file_size(spw_spill_file_t *f) {
   struct stat st;
   ASSERT_EQ(fstat(spw__spill_file_fd(f), &st), 0);
@@ -139,7 +128,7 @@ static void test_file_is_invisible_private_and_unlinked(void) {
   sink_init(&sink);
   spw_spill_file_t *f = NULL;
   ASSERT_OK(spw__spill_file_open(dir, 0, 0, sink_log, &sink, &f));
-  ASSERT_EQ(dir_entries(dir), 0);
+  ASSERT_EQ(test_dir_entries(dir), 0);
   struct stat st;
   ASSERT_EQ(fstat(spw__spill_file_fd(f), &st), 0);
   ASSERT_TRUE(S_ISREG(st.st_mode));
@@ -148,7 +137,7 @@ static void test_file_is_invisible_private_and_unlinked(void) {
   /* Growing it (and thereby writing metadata) still leaves no name behind. */
   spw_disk_extent_t e;
   ASSERT_OK(spw__spill_file_alloc(f, 1, &e));
-  ASSERT_EQ(dir_entries(dir), 0);
+  ASSERT_EQ(test_dir_entries(dir), 0);
   ASSERT_GE(spw__spill_file_alignment(f), 4096);
   spw__spill_file_close(f);
   remove_dir(dir);
@@ -590,7 +579,7 @@ static void test_ramfs_without_odirect_or_fallocate(const char *dir) {
   sink_init(&sink);
   spw_spill_file_t *f = NULL;
   ASSERT_OK(spw__spill_file_open(dir, 0, 1 * MiB, sink_log, &sink, &f));
-  ASSERT_EQ(dir_entries(dir), 0);
+  ASSERT_EQ(test_dir_entries(dir), 0);
   ASSERT_EQ(spw__spill_file_is_direct(f), 0);
   ASSERT_EQ(sink_count(&sink, "O_DIRECT refused"), 1);
   spw_disk_extent_t e[4];

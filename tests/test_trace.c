@@ -184,6 +184,10 @@ static spw_runtime_t *traced_runtime(const char *path, uint64_t cap) {
   cfg.host_device_bytes = 64 * MIB;
   cfg.spill_dir = dir;
   cfg.io = SPW_IO_POSIX;
+  /* No background spilling: the spills that make room are the allocations' own, which a
+   * background spiller that got there first on a loaded machine would make none of. */
+  cfg.high_watermark = 1.0;
+  cfg.low_watermark = 0.9;
   cfg.trace_path = path;
   cfg.trace_max_bytes = cap;
   return test_runtime(&cfg);

@@ -144,6 +144,18 @@ static inline void test_fill(void *p, size_t n, uint64_t seed) {
   uint8_t *b = (uint8_t *)p;
   for (size_t i = 0; i < n; i++) b[i] = test_pattern_byte(seed, i);
 }
+/* A new buffer of n bytes holding test_fill(seed), written through stream s. */
+static inline spw_buf_t test_filled(spw_runtime_t *rt, spw_stream_t s, size_t n, uint64_t seed) {
+  uint8_t *src = (uint8_t *)malloc(n);
+  ASSERT_TRUE(src != NULL);
+  test_fill(src, n, seed);
+  spw_buf_t b;
+  ASSERT_OK(spw_alloc(rt, n, s, &b));
+  test_write(rt, b, s, src, n);
+  free(src);
+  return b;
+}
+
 static inline size_t test_first_mismatch(const void *p, size_t n, uint64_t seed) {
   const uint8_t *b = (const uint8_t *)p;
   for (size_t i = 0; i < n; i++)

@@ -104,3 +104,16 @@ void test_tmpdir_remove(const char *path) {
   remove_tree(path);
   test_tmpdir_forget(path);
 }
+
+int test_dir_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  if (!d) return -1;
+  int n = 0;
+  for (struct dirent *e; (e = readdir(d));)
+    if (strcmp(e->d_name, ".") != 0 && strcmp(e->d_name, "..") != 0) {
+      fprintf(stderr, "  left in %s: %s\n", dir, e->d_name);
+      n++;
+    }
+  closedir(d);
+  return n;
+}

@@ -20,6 +20,9 @@ void test_tmpdir(char *out, size_t len, const char *tag);
 void test_tmpdir_forget(const char *path);
 /* Removes the directory with what it holds, and forgets it. */
 void test_tmpdir_remove(const char *path);
+/* How many names `dir` holds besides . and ..; each is printed (to stderr), since a test
+ * that counts them expects none. -1 if it cannot be read. */
+int test_dir_entries(const char *dir);
 
 #ifdef __cplusplus
 }
