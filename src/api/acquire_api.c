@@ -55,12 +55,9 @@ int spw_acquire_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, spw_stream
 int spw_release(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream) {
   if (!rt) return SPW_ERR_INVALID_ARG;
   spw_stream_entry_t *e;
-  int st = spw__stream_entry(rt, stream, &e);
-  if (st != SPW_OK) return st;
-  spw_slot_t *s;
   uint64_t w;
   /* A freed buffer whose free waits on its locks still accepts their release. */
-  st = spw__handles_lookup(&rt->handles, buf, &s, &w);
+  int st = spw__stream_and_buffer(rt, stream, buf, &e, &w);
   if (st != SPW_OK) return st;
   if (!spw__lockmap_remove(e, buf)) return SPW_ERR_NOT_LOCKED;
   spw__unlock(rt, buf);

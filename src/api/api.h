@@ -15,4 +15,15 @@ static inline int spw__stream_entry(spw_runtime_t *rt, spw_stream_t s, spw_strea
   return SPW_OK;
 }
 
+/* The prologue of the calls that name a stream and a buffer: the stream's live entry, and
+ * the buffer's slot word as found (generation checked; a buffer whose free waits on its
+ * locks is still found: the caller decides what FREE_PENDING means for it). */
+static inline int spw__stream_and_buffer(spw_runtime_t *rt, spw_stream_t stream, spw_buf_t buf,
+                                         spw_stream_entry_t **e, uint64_t *w) {
+  int st = spw__stream_entry(rt, stream, e);
+  if (st != SPW_OK) return st;
+  spw_slot_t *s;
+  return spw__handles_lookup(&rt->handles, buf, &s, w);
+}
+
 #endif /* SPILLWAY_API_API_H */

@@ -31,11 +31,8 @@ int spw_spill(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t tier) {
 int spw_prefetch(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream) {
   if (!rt) return SPW_ERR_INVALID_ARG;
   spw_stream_entry_t *e;
-  int st = spw__stream_entry(rt, stream, &e);
-  if (st != SPW_OK) return st;
-  spw_slot_t *s;
   uint64_t w;
-  st = spw__handles_lookup(&rt->handles, buf, &s, &w);
+  int st = spw__stream_and_buffer(rt, stream, buf, &e, &w);
   if (st != SPW_OK) return st;
   if (w & SPW_W_FREE_PENDING) return SPW_ERR_FREED;
   uint32_t state = spw__w_state(w);
