@@ -23,6 +23,7 @@ out=${OUT:-gpu-out-py}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 site=/tmp/site
+plugin_dir=$PWD/tests/python/suite
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
 jobs=${SPW_SUITE_JOBS:-12}
 pkgs=${SPW_SUITE_PKGS:-numba.cuda.tests.cudadrv numba.cuda.tests.cudapy}
@@ -34,14 +35,19 @@ suite() { # $1: label, $2: NUMBA_CUDA_MEMORY_MANAGER value
   # Each xdist worker is a process with its own runtime: cap its budget so that the
   # workers together fit on one GPU.
   # The installed numba-cuda (numba_cuda/numba/cuda/tests) is collected with importlib
-  # imports, rooted at numba_cuda/ so that test ids name their modules. SIGINT at the time
+  # imports rooted at numba_cuda/, namespace packages considered, so that its modules are
+  # named numba.cuda.tests.* (as `cuda.tests.*`, the child processes of its multiprocessing
+  # tests cannot import them). numba_suite_plugin supplies the fixture and option that
+  # numba-cuda's repository conftest.py (not in the wheel) would. SIGINT at the time
   # limit: pytest stops and still writes the junit XML of what ran.
   local root
   root=$(python3 -c 'import numba.cuda as c, os; print(os.path.dirname(os.path.dirname(os.path.dirname(c.__file__))))')
   # shellcheck disable=SC2086
   (cd "$dir" && NUMBA_CUDA_MEMORY_MANAGER=$2 SPILLWAY_DEVICE_LIMIT=${SPW_SUITE_LIMIT:-6GiB} \
+    PYTHONPATH=$plugin_dir:$PYTHONPATH \
     timeout -s INT -k 30 "${SPW_SUITE_SECONDS:-560}" python3 -m pytest -n "$jobs" --dist loadscope --timeout 240 -q \
-    -p no:cacheprovider --import-mode=importlib --rootdir "$root" \
+    -p no:cacheprovider -p numba_suite_plugin --import-mode=importlib \
+    -o consider_namespace_packages=true --rootdir "$root" \
     --junitxml="$out/suite-$1.xml" --pyargs $pkgs >"$out/suite-$1.log" 2>&1)
   echo "suite $1 rc=$?: $(tail -1 "$out/suite-$1.log")"
 }

@@ -174,10 +174,18 @@ class _Link:
         self.targets: Dict[int, Optional[Controller]] = {}
         self.flushes: Dict[int, threading.Event] = {}
         self.installed: Optional[Controller] = None
-        self.thread = threading.Thread(target=self._deliver, name="spillway-controller",
-                                       daemon=True)
-        self.thread.start()
+        # The delivery thread runs while a controller is installed or a marker waits to be
+        # delivered, and ends once neither holds: a runtime that outlives its controller
+        # (Numba's, after a Dask worker leaves) keeps no idle thread.
+        self.thread: Optional[threading.Thread] = None
         _links.add(self)
+
+    def _start_delivery(self) -> None:
+        """With self.lock held."""
+        if self.thread is None:
+            self.thread = threading.Thread(target=self._deliver, name="spillway-controller",
+                                           daemon=True)
+            self.thread.start()
 
     # -- installing -------------------------------------------------------------------
     def install(self, rt: Runtime, controller: Optional[Controller]) -> None:
@@ -195,6 +203,7 @@ class _Link:
             self.targets[gen] = controller
             # The marker goes first: what the new table reports is queued after it.
             self.c.mark(gen)
+            self._start_delivery()
             if controller is None:
                 rt._ctl_install(None, None, False, False, False)
             else:
@@ -215,7 +224,8 @@ class _Link:
             self.gen += 1
             gen = self.gen
             self.flushes[gen] = ev
-        self.c.mark(gen)
+            self.c.mark(gen)
+            self._start_delivery()
         return ev.wait(timeout)
 
     # -- calling the controller ---------------------------------------------------------
@@ -251,6 +261,15 @@ class _Link:
             evs = take(1024, 0.5)
             if evs is None:
                 break
+            if not evs:
+                with self.lock:
+                    # Nothing installed and every marker delivered (so `target` is None):
+                    # nothing is left to deliver. install() and flush() mark and start a
+                    # thread under this lock, so none is lost between the check and the end.
+                    if self.installed is None and not self.targets and not self.flushes:
+                        self.thread = None
+                        return
+                continue
             for ev in evs:
                 kind = ev[0]
                 if kind == _EV_MARK:
@@ -278,6 +297,7 @@ class _Link:
             for done in self.flushes.values():
                 done.set()
             self.flushes.clear()
+            self.thread = None
 
 
 _links: "weakref.WeakSet[_Link]" = weakref.WeakSet()
@@ -333,8 +353,9 @@ def _shutdown() -> None:
         link.c.close()
     me = threading.current_thread()
     for link in links:
-        if link.thread is not me:
-            link.thread.join(_SHUTDOWN_WAIT_S)
+        t = link.thread
+        if t is not None and t is not me:
+            t.join(_SHUTDOWN_WAIT_S)
 
 
 atexit.register(_shutdown)
