@@ -2,7 +2,7 @@
 """The EMM plugin's memory semantics, without a GPU.
 
 Numba cannot create a CUDA context without a GPU, so these tests hand the plugin a context
-object with the one attribute it reads (``device.id``) and run the plugin itself for real,
+object with the one attribute it reads (``device``) and run the plugin itself for real,
 with Numba's own MemoryPointer, against a host-backend runtime. With a GPU,
 test_numba_gpu.py runs the same behaviours under real Numba, and this module is skipped
 (the plugin keeps one runtime per device per process)."""
@@ -50,6 +50,27 @@ def test_initialize_is_idempotent(plugin):
     plugin.initialize()
     plugin.initialize()
     assert sn.runtime(0) is rt
+
+
+def test_a_context_on_a_raw_cuda_device_handle_is_accepted():
+    # A context made by a third party names its device by a CUdevice, which has no `.id`
+    # but converts to the ordinal.
+    class RawDevice:
+        def __int__(self):
+            return 0
+
+    class ThirdPartyContext:
+        device = RawDevice()
+
+    sn.configure(backend="host", device_limit=64 * MiB, ignore_env=True, log_level="error")
+    m = sn.SpillwayNumbaManager(context=ThirdPartyContext())
+    try:
+        m.initialize()
+        assert m.memalloc(4096).device_ctypes_pointer.value
+    finally:
+        gc.collect()
+        m.reset()
+        sn.configure()
 
 
 def test_memalloc_takes_a_locked_buffer_from_the_budget(plugin):

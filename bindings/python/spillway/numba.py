@@ -81,6 +81,13 @@ def configure(**config: Any) -> None:
         _config.update(config)
 
 
+def _ordinal(device: Any) -> int:
+    """The ordinal of a Numba context's device: a numba Device (``.id``), or the raw
+    ``CUdevice`` of a context a third party created (numba-cuda's Test3rdPartyContext)."""
+    ordinal = getattr(device, "id", None)
+    return int(device if ordinal is None else ordinal)
+
+
 def _device(device_id: int) -> _Device:
     d = _devices.get(device_id)
     if d is None:
@@ -155,7 +162,7 @@ class SpillwayNumbaManager(HostOnlyCUDAMemoryManager):
     def initialize(self) -> None:
         # Runs on every context push: only the first call does anything.
         if self._dev is None and self.context is not None:
-            self._dev = _device(self.context.device.id)
+            self._dev = _device(_ordinal(self.context.device))
 
     def _device_state(self) -> _Device:
         if self._dev is None or self._dev.runtime.closed:
@@ -192,7 +199,7 @@ class SpillwayNumbaManager(HostOnlyCUDAMemoryManager):
     def reset(self) -> None:
         super().reset()
         if self.context is not None:
-            _reset_device(self.context.device.id)
+            _reset_device(_ordinal(self.context.device))
         self._dev = None
 
     @contextlib.contextmanager
