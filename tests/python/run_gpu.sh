@@ -61,9 +61,19 @@ install)
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
       .whl/*.whl >"$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
   fi
+  # The machine has no liburing: the carried Debian package (.deps/liburing), as for
+  # scripts/gpu_run.sh, or the disk tier is built on POSIX I/O (and the peers compare that).
+  if [ ! -f /usr/include/liburing.h ] && [ -d .deps/liburing ]; then
+    u=$PWD/.deps/liburing/usr
+    export CMAKE_PREFIX_PATH=$u${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
+    export PKG_CONFIG_PATH=$u/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
+  fi
+  [ -d "$PWD/.deps/pkgconf/usr/bin" ] && ! command -v pkg-config >/dev/null &&
+    export PATH=$PWD/.deps/pkgconf/usr/bin:$PATH LD_LIBRARY_PATH=$PWD/.deps/pkgconf/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
     python3 -m pip install -q --no-build-isolation --no-deps -v . >>"$out/install.log" 2>&1 ||
     { tail -40 "$out/install.log"; exit 1; }
+  grep -E "spillway: (liburing|no CUDA)|liburing not found" "$out/install.log" | head -2
   python3 -c "import spillway, spillway.numba; print('spillway', spillway.__version__, 'installed')"
   ;;
 tests)
