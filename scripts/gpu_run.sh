@@ -17,7 +17,9 @@
 #                the demo
 #   py-install, py-tests, py-dask, suite-builtin, suite-spillway, suite-compare, py-bench
 #                tests/python/run_gpu.sh's phases (numba-cuda's suite under both managers)
-#   peers        bench/peers/run_peers.sh (PyTorch and KvikIO next to Spillway)
+#   peers        bench/peers/run_peers.sh (PyTorch and KvikIO next to Spillway); its options
+#                (e.g. "--tiers disk --sizes 1MiB,256MiB") in SPW_PEERS_ARGS: the arguments of
+#                this script are all phases
 #   pack         every log so far into $OUT/logs-<tag>.tgz (files back are limited in number)
 #
 # Knobs for a short session: SPW_CTEST_EXCLUDE (a ctest -E regex for `tests`), SPW_BENCHES
@@ -148,7 +150,8 @@ for phase in "$@"; do
   suite-spillway) py suite-spillway ;;
   suite-compare) py compare ;;
   py-bench) py bench ;;
-  peers) OUT=$logs/peers bench/peers/run_peers.sh run ;;
+  # shellcheck disable=SC2086 # SPW_PEERS_ARGS: run_peers.py's options, word-split
+  peers) OUT=$logs/peers bench/peers/run_peers.sh run -- ${SPW_PEERS_ARGS:-} ;;
   pack) phase_pack ;;
   *)
     sed -n 3,26p "$0"
