@@ -321,7 +321,13 @@ static PyObject *runtime_acquire_n(PyObject *self, PyObject *args, PyObject *kwd
   return res;
 }
 
-static PyObject *runtime_release_n_async(PyObject *self, PyObject *args, PyObject *kwds) {
+/* The calls that take a list of buffers and a stream: (buffers, stream=None). `adopt`: a
+ * stream the runtime does not know yet (a Numba/CuPy/PyTorch stream) is adopted and the
+ * call retried, for calls that may be the first to name it. */
+static PyObject *buffers_on_stream(PyObject *self, PyObject *args, PyObject *kwds,
+                                   int (*op)(spw_runtime_t *, const spw_buf_t *, size_t,
+                                             spw_stream_t),
+                                   int adopt) {
   static char *kwlist[] = {"buffers", "stream", NULL};
   spwpy_runtime_t *r = R(self);
   PyObject *seq, *sobj = Py_None;
@@ -332,10 +338,16 @@ static PyObject *runtime_release_n_async(PyObject *self, PyObject *args, PyObjec
   spw_buf_t *bufs;
   size_t n;
   if (collect(r, seq, &bufs, &n) < 0) return NULL;
-  int st = spw_release_n_async(r->rt, bufs, n, s);
+  int st = op(r->rt, bufs, n, s);
+  if (adopt && st == SPW_ERR_INVALID_STREAM && spwpy_stream_adopt(r, s, st))
+    st = op(r->rt, bufs, n, s);
   free(bufs);
   if (st != SPW_OK) return spwpy_raise(r->rt, st);
   Py_RETURN_NONE;
+}
+
+static PyObject *runtime_release_n_async(PyObject *self, PyObject *args, PyObject *kwds) {
+  return buffers_on_stream(self, args, kwds, spw_release_n_async, 0);
 }
 
 static PyObject *runtime_spill_n(PyObject *self, PyObject *args, PyObject *kwds) {
@@ -355,22 +367,7 @@ static PyObject *runtime_spill_n(PyObject *self, PyObject *args, PyObject *kwds)
 }
 
 static PyObject *runtime_prefetch_n(PyObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"buffers", "stream", NULL};
-  spwpy_runtime_t *r = R(self);
-  PyObject *seq, *sobj = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O", kwlist, &seq, &sobj)) return NULL;
-  LIVE(r);
-  spw_stream_t s;
-  if (spwpy_stream_from(sobj, &s) < 0) return NULL;
-  spw_buf_t *bufs;
-  size_t n;
-  if (collect(r, seq, &bufs, &n) < 0) return NULL;
-  int st = spw_prefetch_n(r->rt, bufs, n, s);
-  if (st == SPW_ERR_INVALID_STREAM && spwpy_stream_adopt(r, s, st))
-    st = spw_prefetch_n(r->rt, bufs, n, s);
-  free(bufs);
-  if (st != SPW_OK) return spwpy_raise(r->rt, st);
-  Py_RETURN_NONE;
+  return buffers_on_stream(self, args, kwds, spw_prefetch_n, 1);
 }
 
 static PyObject *runtime_wait_idle(PyObject *self, PyObject *noargs) {
