@@ -13,9 +13,11 @@
  *
  * Spillway, for each set (cuda: 16 x 256 MiB, then 4096 x 64 KiB; host: 8 x 8 MiB, then
  * 1024 x 64 KiB): buffers are allocated and filled with the check pattern, then timed:
- *  - spill: spw_spill(all, DISK) + spw_wait_idle, twice (the write rate is over both);
+ *  - spill: spw_spill(all, DISK) + spw_wait_idle, three times (the write rate is over all);
  *  - read (prefetch): spw_prefetch(all) + spw_wait_idle + synchronize, after the first;
- *  - read (acquire): a writable spw_acquire of all + synchronize, after the second.
+ *  - read (acquire_n): one writable spw_acquire_n of all + synchronize, after the second;
+ *  - read (acquire, one by one): a writable spw_acquire of each + synchronize, after a
+ *    third (not timed): each waits for its own read, so this is a latency, not a rate.
  * After each pass every buffer must be in the expected state (disk, then resident), and the
  * disk write byte counter must have grown by the set's bytes. A one-buffer spill to disk
  * beforehand opens the disk tier, so no timing pays for opening it. At the end of a set a
@@ -234,7 +236,8 @@ static int raw_disk(const bench_env_t *env, const char *dir, uint64_t bytes, uns
 typedef struct set_result {
   size_t count;
   uint64_t size;
-  double write_gbs, prefetch_gbs, acquire_gbs;
+  double write_gbs, prefetch_gbs, acquire_n_gbs, acquire_gbs;
+  double write_reqs, read_reqs; /* disk requests per buffer, in the first write and read */
   uint64_t bad;
   unsigned anomalies;
 } set_result_t;
@@ -297,8 +300,11 @@ static int run_set(const bench_env_t *env, spw_runtime_t *rt, spw_stream_t s, si
   int sst = spw_stream_synchronize(rt, s);
   if (st == SPW_OK && sst != SPW_OK) st = bench_fail(rt, "spw_stream_synchronize (fill)", sst);
 
-  double tw1 = 0, tw2 = 0, tr1 = 0, tr2 = 0;
+  double tw1 = 0, tw2 = 0, tw3 = 0, tr1 = 0, tr2 = 0, tr3 = 0;
+  spw_stats_t q0, q1, q2;
+  if (st == SPW_OK) st = get_stats(rt, &q0);
   if (st == SPW_OK) st = spill_to_disk(rt, b, n, r, &tw1);
+  if (st == SPW_OK) st = get_stats(rt, &q1);
   if (st == SPW_OK) {
     double t0 = bench_now();
     for (size_t i = 0; i < n && st == SPW_OK; i++)
@@ -310,20 +316,38 @@ static int run_set(const bench_env_t *env, spw_runtime_t *rt, spw_stream_t s, si
     size_t off = st == SPW_OK ? count_not_in(rt, b, n, SPW_STATE_RESIDENT) : 0;
     if (off) anomaly(r, "buffers not resident after the timed prefetch", off);
   }
+  if (st == SPW_OK) st = get_stats(rt, &q2);
+  if (st == SPW_OK) {
+    r->write_reqs = (double)(q1.disk_requests - q0.disk_requests) / (double)n;
+    r->read_reqs = (double)(q2.disk_requests - q1.disk_requests) / (double)n;
+  }
   if (st == SPW_OK) st = spill_to_disk(rt, b, n, r, &tw2);
+  void **d = st == SPW_OK ? malloc(n * sizeof *d) : NULL;
+  if (st == SPW_OK && !d) st = SPW_ERR_SYSTEM;
   if (st == SPW_OK) {
     double t0 = bench_now();
-    for (size_t i = 0; i < n && st == SPW_OK; i++) {
-      void *d;
-      if ((st = spw_acquire(rt, b[i], s, 0, &d)) != SPW_OK) bench_fail(rt, "spw_acquire", st);
-    }
+    if ((st = spw_acquire_n(rt, b, n, s, 0, d)) != SPW_OK) bench_fail(rt, "spw_acquire_n", st);
     sst = spw_stream_synchronize(rt, s);
     if (st == SPW_OK && sst != SPW_OK) st = bench_fail(rt, "spw_stream_synchronize", sst);
     tr2 = bench_now() - t0;
     size_t off = st == SPW_OK ? count_not_in(rt, b, n, SPW_STATE_RESIDENT) : 0;
+    if (off) anomaly(r, "buffers not resident after the timed acquire_n", off);
+  } /* the synchronize released the locks */
+  free(d);
+  if (st == SPW_OK) st = spill_to_disk(rt, b, n, r, &tw3);
+  if (st == SPW_OK) {
+    double t0 = bench_now();
+    for (size_t i = 0; i < n && st == SPW_OK; i++) {
+      void *p;
+      if ((st = spw_acquire(rt, b[i], s, 0, &p)) != SPW_OK) bench_fail(rt, "spw_acquire", st);
+    }
+    sst = spw_stream_synchronize(rt, s);
+    if (st == SPW_OK && sst != SPW_OK) st = bench_fail(rt, "spw_stream_synchronize", sst);
+    tr3 = bench_now() - t0;
+    size_t off = st == SPW_OK ? count_not_in(rt, b, n, SPW_STATE_RESIDENT) : 0;
     if (off) anomaly(r, "buffers not resident after the timed acquire", off);
   }
-  /* The sample, read back after two round trips through the disk. */
+  /* The sample, read back after three round trips through the disk. */
   for (size_t k = 0; k < 9 && st == SPW_OK; k++) {
     size_t i = n <= 9 ? k % n : (n - 1) * k / 8;
     uint64_t bad = 0;
@@ -335,9 +359,10 @@ static int run_set(const bench_env_t *env, spw_runtime_t *rt, spw_stream_t s, si
   int wst = spw_wait_idle(rt);
   if (st == SPW_OK && wst != SPW_OK) st = bench_fail(rt, "spw_wait_idle (free)", wst);
   if (st != SPW_OK) return st;
-  r->write_gbs = bench_gbs(2 * ws, tw1 + tw2);
+  r->write_gbs = bench_gbs(3 * ws, tw1 + tw2 + tw3);
   r->prefetch_gbs = bench_gbs(ws, tr1);
-  r->acquire_gbs = bench_gbs(ws, tr2);
+  r->acquire_n_gbs = bench_gbs(ws, tr2);
+  r->acquire_gbs = bench_gbs(ws, tr3);
   return SPW_OK;
 }
 
@@ -421,10 +446,11 @@ int main(int argc, char **argv) {
     if (st == SPW_OK) done++;
   }
 
-  printf("\n| what | bytes | write GB/s | ratio | read (prefetch) GB/s | ratio | read (acquire) "
-         "GB/s | ratio |\n");
-  printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
-  printf("| raw %s%s, QD %" PRIu64 ", %s blocks%s | %s | %.2f | 1.00 | %.2f | 1.00 | - | - |\n",
+  printf("\n| what | bytes | write GB/s | ratio | read (prefetch) GB/s | ratio | read (acquire_n) "
+         "GB/s | ratio | acquire one by one GB/s | requests per buffer (write, read) |\n");
+  printf("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  printf("| raw %s%s, QD %" PRIu64 ", %s blocks%s | %s | %.2f | 1.00 | %.2f | 1.00 | - | - | - | - "
+         "|\n",
          raw.uring ? "io_uring" : "pwrite/pread", raw.direct ? " O_DIRECT" : " buffered",
          raw.uring ? qd : 1, blk, raw.uring && raw.fixed ? ", registered pinned buffers" : "", tot,
          raw.write_gbs, raw.read_gbs);
@@ -432,20 +458,22 @@ int main(int argc, char **argv) {
     char sz[32], by[32];
     bench_fmt_size(res[i].size, sz, sizeof sz);
     bench_fmt_size(res[i].count * res[i].size, by, sizeof by);
-    printf("| spillway %zu x %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f |\n", res[i].count,
-           sz, by, res[i].write_gbs, ratio(res[i].write_gbs, raw.write_gbs), res[i].prefetch_gbs,
-           ratio(res[i].prefetch_gbs, raw.read_gbs), res[i].acquire_gbs,
-           ratio(res[i].acquire_gbs, raw.read_gbs));
+    printf("| spillway %zu x %s | %s | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.2f | %.3g, %.3g |\n",
+           res[i].count, sz, by, res[i].write_gbs, ratio(res[i].write_gbs, raw.write_gbs),
+           res[i].prefetch_gbs, ratio(res[i].prefetch_gbs, raw.read_gbs), res[i].acquire_n_gbs,
+           ratio(res[i].acquire_n_gbs, raw.read_gbs), res[i].acquire_gbs, res[i].write_reqs,
+           res[i].read_reqs);
   }
-  printf("\nwrite: spw_spill(all, DISK) + spw_wait_idle, two passes; read (prefetch): "
-         "spw_prefetch(all) + spw_wait_idle + synchronize; read (acquire): writable acquire of "
-         "all + synchronize.\n");
+  printf("\nwrite: spw_spill(all, DISK) + spw_wait_idle, three passes; read (prefetch): "
+         "spw_prefetch(all) + spw_wait_idle + synchronize; read (acquire_n): one writable "
+         "spw_acquire_n of all + synchronize; one by one: a writable spw_acquire of each + "
+         "synchronize (each waits for its own read: a latency, not part of the goal).\n");
   if (done > 0) {
     printf("goal: >= 90%% of raw both ways:");
     for (size_t i = 0; i < done; i++) {
       double w = ratio(res[i].write_gbs, raw.write_gbs);
       double rd = ratio(res[i].prefetch_gbs, raw.read_gbs);
-      double ra = ratio(res[i].acquire_gbs, raw.read_gbs);
+      double ra = ratio(res[i].acquire_n_gbs, raw.read_gbs);
       double lo = w < rd ? w : rd;
       if (ra < lo) lo = ra;
       char sz[32];

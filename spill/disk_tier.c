@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The disk tier (see disk_tier.h): the spill file, the I/O path and the staging pipelines.
+/* The disk tier (see disk_tier.h): the spill file, the I/O path and the staging slots.
  *
  * Staging is bounded: SPW_DISK_PIPES pipelines of SPW_DISK_SLOTS slots of `chunk` bytes,
  * pinned through the backend and registered with io_uring as fixed buffers. A device
- * transfer takes one pipeline for its duration; its slots rotate so that the device copy of
- * one chunk overlaps the disk transfer of another. A slot is reused only after both its disk
- * transfer and its device copy are known complete. */
+ * transfer (a batch of buffers) takes one pipeline for its duration; its slots rotate so
+ * that the device copy of one slot overlaps the disk transfers of the others. A slot is
+ * reused only after both its disk transfers and its device copy are known complete. */
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,11 +14,10 @@
 
 #include "disk_tier.h"
 
-/* One pipeline: every pipeline reaps from the one completion list of the tier's I/O, and
- * completions carry only the slot index, so with two a reaper could take the other
- * pipeline's completion for its own slot and upload a staging slot whose read had not
- * landed (seen as stale or foreign pages under concurrent disk reads). Two pipelines need
- * completions routed to their owner first. */
+/* One pipeline: every pipeline reaps from the one completion list of the tier's I/O, so
+ * with two a reaper could take the other pipeline's completion for its own and upload a
+ * staging slot whose read had not landed (seen as stale or foreign pages under concurrent
+ * disk reads). Two pipelines need completions routed to their owner first. */
 #define SPW_DISK_PIPES 1
 /* Many moderate requests in flight suit NVMe better than a few large ones (raw io_uring
  * peaks at queue depth 16 with 1 MiB blocks on the reference machine). */
@@ -37,6 +37,7 @@ struct spw_disk {
   size_t chunk;
   uint8_t *staging;
   size_t staging_bytes;
+  _Atomic uint64_t *requests;
   pthread_mutex_t mu; /* guards pipes[].busy */
   pthread_cond_t cv;
   pipe_t pipes[SPW_DISK_PIPES];
@@ -67,6 +68,7 @@ int spw__disk_create(const spw_disk_params_t *par, spw_disk_t **out) {
   if (!d) return SPW_ERR_SYSTEM;
   d->ops = par->ops;
   d->be = par->be;
+  d->requests = par->requests;
   pthread_mutex_init(&d->mu, NULL);
   pthread_cond_init(&d->cv, NULL);
   d->chunk = (size_t)2 << 20;
@@ -141,12 +143,17 @@ void spw__disk_inject_fault(spw_disk_t *d, int status, unsigned count) {
 
 static size_t round_up(size_t n, size_t a) { return (n + a - 1) / a * a; }
 
+static void count_request(spw_disk_t *d) {
+  if (d->requests) atomic_fetch_add_explicit(d->requests, 1, memory_order_relaxed);
+}
+
 int spw__disk_write_host(spw_disk_t *d, const void *host_src, size_t bytes,
                          spw_disk_extent_t *out) {
   spw_disk_extent_t e;
   int st = spw__spill_file_alloc(d->file, bytes, &e);
   if (st != SPW_OK) return st;
   size_t len = round_up(bytes, spw__spill_file_alignment(d->file));
+  count_request(d);
   st = spw__io_write_all(d->io, host_src, len, e.off);
   if (st != SPW_OK) {
     spw__spill_file_free(d->file, &e);
@@ -178,135 +185,291 @@ static void give_pipe(spw_disk_t *d, pipe_t *p) {
   pthread_mutex_unlock(&d->mu);
 }
 
-/* Reaps one completion; returns its slot through *slot and its status. */
-static int reap_one(spw_io_t *io, unsigned *slot) {
-  spw_io_completion_t c;
-  int n = spw__io_reap(io, &c, 1, 1);
-  if (n < 0) return n;
-  *slot = (unsigned)c.tag;
-  return c.status;
+/* ---- batched device transfers -------------------------------------------------------------
+ *
+ * The items are cut into pieces of at most one chunk, and the pieces packed in order into
+ * groups of at most one chunk of staging (each piece padded to the alignment): a large item
+ * spans whole groups, small ones share a group. Group g is staged in slot g % SLOTS. A group
+ * moves as one copy batch and, where consecutive pieces are also consecutive in the file
+ * (extents allocated one after another usually are), one disk request per such run: small
+ * buffers then cost the disk what large ones do. A run's request is tagged with its first
+ * piece, which knows its slot and how many pieces the run covers. */
+
+typedef struct piece {
+  uint32_t item;
+  uint32_t slot;
+  uint32_t run;  /* pieces in the run this one heads; 0 when it heads none */
+  int live;      /* a write: its copy was enqueued (the guard let it) */
+  size_t off;    /* in the item */
+  size_t len;
+  size_t at;     /* in the slot */
+} piece_t;
+
+typedef struct batch {
+  spw_disk_t *d;
+  spw_disk_item_t *items;
+  pipe_t *p;
+  int pi;
+  size_t align;
+  piece_t *pc;
+  size_t np;
+  size_t *group; /* group g's pieces are pc[group[g]] .. pc[group[g + 1] - 1] */
+  size_t ng;
+  unsigned outstanding[SPW_DISK_SLOTS]; /* requests in flight per slot */
+  unsigned pending;                     /* in all */
+  spw_copy_desc_t descs[];              /* one group's copies */
+} batch_t;
+
+static void batch_free(batch_t *b) {
+  if (!b) return;
+  free(b->pc);
+  free(b->group);
+  free(b);
 }
 
-/* Enqueues one chunk's device -> staging copy, asking the guard first. */
-static int copy_chunk(spw_disk_t *d, void *slot, const void *src, size_t len, spw_stream_t d2h,
-                      spw_bevent_t *ev, const spw_copy_guard_t *guard) {
-  if (guard) {
-    pthread_mutex_lock(guard->gate);
-    if (!guard->wanted(guard->ctx)) {
-      pthread_mutex_unlock(guard->gate);
-      return SPW_ERR_BUSY;
+/* Cuts and packs the items whose status is SPW_OK. NULL when out of memory. */
+static batch_t *batch_plan(spw_disk_t *d, spw_disk_item_t *items, size_t n) {
+  size_t align = spw__spill_file_alignment(d->file), np = 0;
+  for (size_t i = 0; i < n; i++)
+    if (items[i].status == SPW_OK) np += (items[i].bytes + d->chunk - 1) / d->chunk;
+  /* A group holds at most chunk / align pieces. */
+  size_t per_group = d->chunk / align;
+  batch_t *b = calloc(1, sizeof *b + per_group * sizeof(spw_copy_desc_t));
+  if (!b) return NULL;
+  b->pc = malloc((np ? np : 1) * sizeof *b->pc);
+  b->group = malloc((np + 1) * sizeof *b->group);
+  if (!b->pc || !b->group) {
+    batch_free(b);
+    return NULL;
+  }
+  b->d = d;
+  b->items = items;
+  b->align = align;
+  size_t used = d->chunk; /* staging bytes of the open group; full: none open yet */
+  for (size_t i = 0; i < n; i++) {
+    if (items[i].status != SPW_OK) continue;
+    for (size_t off = 0; off < items[i].bytes; off += d->chunk) {
+      size_t len = items[i].bytes - off < d->chunk ? items[i].bytes - off : d->chunk;
+      size_t padded = round_up(len, align);
+      if (used + padded > d->chunk) {
+        b->group[b->ng++] = b->np;
+        used = 0;
+      }
+      b->pc[b->np++] = (piece_t){.item = (uint32_t)i, .off = off, .len = len, .at = used};
+      used += padded;
     }
   }
-  int st = d->ops->memcpy_async(d->be, slot, src, len, d2h);
-  if (st == SPW_OK) st = d->ops->event_record(d->be, ev, d2h);
+  b->group[b->ng] = b->np;
+  return b;
+}
+
+static uint64_t file_off(const batch_t *b, const piece_t *q) {
+  return b->items[q->item].ext.off + q->off;
+}
+
+/* Whether `next` continues `q` in the slot and in the file. */
+static int continues(const batch_t *b, const piece_t *q, const piece_t *next) {
+  size_t padded = round_up(q->len, b->align);
+  return next->at == q->at + padded && file_off(b, next) == file_off(b, q) + padded;
+}
+
+/* Submits the requests of group g, staged in slot k: one per run of consecutive pieces to
+ * move (for a write, the live ones; for a read, those of items still OK). */
+static int submit_group(batch_t *b, size_t g, unsigned k, int is_write) {
+  uint8_t *slot = b->p->slot[k];
+  for (size_t j = b->group[g]; j < b->group[g + 1]; j++) b->pc[j].slot = k;
+  for (size_t j = b->group[g]; j < b->group[g + 1];) {
+    piece_t *q = &b->pc[j];
+    int moves = is_write ? q->live : b->items[q->item].status == SPW_OK;
+    if (!moves) {
+      j++;
+      continue;
+    }
+    size_t end = j + 1, len = round_up(q->len, b->align);
+    for (; end < b->group[g + 1]; end++) {
+      piece_t *nx = &b->pc[end];
+      int nx_moves = is_write ? nx->live : b->items[nx->item].status == SPW_OK;
+      if (!nx_moves || !continues(b, &b->pc[end - 1], nx)) break;
+      len += round_up(nx->len, b->align);
+    }
+    int fixed = b->pi * SPW_DISK_SLOTS + (int)q->slot;
+    int st = is_write
+                 ? spw__io_submit_write(b->d->io, slot + q->at, len, file_off(b, q), fixed, j)
+                 : spw__io_submit_read(b->d->io, slot + q->at, len, file_off(b, q), fixed, j);
+    if (st != SPW_OK) return st;
+    count_request(b->d);
+    q->run = (uint32_t)(end - j);
+    b->outstanding[k]++;
+    b->pending++;
+    j = end;
+  }
+  return SPW_OK;
+}
+
+/* Reaps one request: a failed one fails the items of its run. Returns the slot through
+ * *slot, or a negative status when reaping itself failed. */
+static int reap_run(batch_t *b, unsigned *slot) {
+  spw_io_completion_t c;
+  int n = spw__io_reap(b->d->io, &c, 1, 1);
+  if (n < 0) return n;
+  if (n == 0) return SPW_ERR_INTERNAL; /* nothing was in flight: a bookkeeping bug */
+  piece_t *q = &b->pc[c.tag];
+  for (uint32_t r = 0; r < q->run && c.status != SPW_OK; r++) {
+    spw_disk_item_t *it = &b->items[q[r].item];
+    if (it->status == SPW_OK) it->status = c.status;
+  }
+  *slot = q->slot;
+  b->outstanding[q->slot]--;
+  b->pending--;
+  return SPW_OK;
+}
+
+/* Gives every item still OK the batch's failure. */
+static void fail_rest(batch_t *b, int st) {
+  for (size_t j = 0; j < b->np; j++) {
+    spw_disk_item_t *it = &b->items[b->pc[j].item];
+    if (it->status == SPW_OK) it->status = st;
+  }
+}
+
+/* Enqueues group g's device -> staging copies (asking the guard item by item) and records
+ * its slot's event. */
+static int stage_group(batch_t *b, size_t g, unsigned k, spw_stream_t d2h,
+                       const spw_copy_guard_t *guard) {
+  spw_disk_t *d = b->d;
+  size_t nd = 0;
+  if (guard) pthread_mutex_lock(guard->gate);
+  for (size_t j = b->group[g]; j < b->group[g + 1]; j++) {
+    piece_t *q = &b->pc[j];
+    spw_disk_item_t *it = &b->items[q->item];
+    if (it->status == SPW_OK && guard && !guard->wanted(it->guard_ctx)) it->status = SPW_ERR_BUSY;
+    if (it->status != SPW_OK) continue;
+    q->live = 1;
+    b->descs[nd++] = (spw_copy_desc_t){b->p->slot[k] + q->at, (uint8_t *)it->dptr + q->off, q->len};
+  }
+  int st = nd ? d->ops->copy_batch_async(d->be, b->descs, nd, SPW_COPY_D2H, d2h) : SPW_OK;
+  if (st == SPW_OK && nd) st = d->ops->event_record(d->be, b->p->ev[k], d2h);
   if (guard) pthread_mutex_unlock(guard->gate);
   return st;
 }
 
-int spw__disk_write_device(spw_disk_t *d, const void *dptr, size_t bytes, spw_stream_t d2h,
-                           const spw_copy_guard_t *guard, spw_disk_extent_t *out) {
-  spw_disk_extent_t e;
-  int st = spw__spill_file_alloc(d->file, bytes, &e);
-  if (st != SPW_OK) return st;
-  size_t align = spw__spill_file_alignment(d->file);
-  int pi;
-  pipe_t *p = take_pipe(d, &pi);
-  int in_flight[SPW_DISK_SLOTS] = {0};
-  unsigned pending = 0;
-  size_t nchunks = (bytes + d->chunk - 1) / d->chunk;
-  for (size_t i = 0; i < nchunks && st == SPW_OK; i++) {
-    unsigned k = (unsigned)(i % SPW_DISK_SLOTS);
-    /* The slot's previous write must be done before the copy overwrites it. */
-    while (in_flight[k] && st == SPW_OK) {
-      unsigned done;
-      int r = reap_one(d->io, &done);
-      if (r != SPW_OK) st = r;
-      in_flight[done % SPW_DISK_SLOTS] = 0;
-      pending--;
-    }
-    if (st != SPW_OK) break;
-    size_t off = i * d->chunk, len = bytes - off < d->chunk ? bytes - off : d->chunk;
-    st = copy_chunk(d, p->slot[k], (const uint8_t *)dptr + off, len, d2h, p->ev[k], guard);
-    if (st == SPW_OK) st = d->ops->event_sync(d->be, p->ev[k]);
-    if (st == SPW_OK)
-      st = spw__io_submit_write(d->io, p->slot[k], round_up(len, align), e.off + off,
-                                pi * SPW_DISK_SLOTS + (int)k, k);
-    if (st == SPW_OK) {
-      in_flight[k] = 1;
-      pending++;
-    }
+/* Enqueues group g's staging -> device copies, for the items still OK, and records its
+ * slot's event. */
+static int upload_group(batch_t *b, size_t g, unsigned k, spw_stream_t h2d) {
+  spw_disk_t *d = b->d;
+  size_t nd = 0;
+  for (size_t j = b->group[g]; j < b->group[g + 1]; j++) {
+    const piece_t *q = &b->pc[j];
+    spw_disk_item_t *it = &b->items[q->item];
+    if (it->status == SPW_OK)
+      b->descs[nd++] = (spw_copy_desc_t){(uint8_t *)it->dptr + q->off, b->p->slot[k] + q->at, q->len};
   }
-  while (pending > 0) { /* drain, keeping the first error */
-    unsigned done;
-    int r = reap_one(d->io, &done);
-    if (r != SPW_OK && st == SPW_OK) st = r;
-    pending--;
-  }
-  /* After a failure a copy may have been enqueued without its event: none may still write a
-   * slot when the next transfer takes the pipeline. */
-  if (st != SPW_OK) d->ops->stream_sync(d->be, d2h);
-  give_pipe(d, p);
-  if (st != SPW_OK) {
-    spw__spill_file_free(d->file, &e);
-    return st;
-  }
-  *out = e;
-  return SPW_OK;
+  if (nd == 0) return SPW_OK;
+  int st = d->ops->copy_batch_async(d->be, b->descs, nd, SPW_COPY_H2D, h2d);
+  if (st == SPW_OK) st = d->ops->event_record(d->be, b->p->ev[k], h2d);
+  return st;
 }
 
-int spw__disk_read_device(spw_disk_t *d, const spw_disk_extent_t *src, void *dptr,
-                          size_t bytes, spw_stream_t h2d) {
-  size_t align = spw__spill_file_alignment(d->file);
-  int pi;
-  pipe_t *p = take_pipe(d, &pi);
-  size_t nchunks = (bytes + d->chunk - 1) / d->chunk;
-  size_t next = 0;   /* next chunk to read */
-  unsigned pending = 0;
-  int st = SPW_OK;
-  size_t chunk_of[SPW_DISK_SLOTS];
-  /* Prime every slot with a read, then: a read lands -> its upload is enqueued -> once the
-   * upload has left the slot, the slot reads the next chunk. */
-  for (; next < nchunks && next < SPW_DISK_SLOTS && st == SPW_OK; next++) {
-    size_t off = next * d->chunk, len = bytes - off < d->chunk ? bytes - off : d->chunk;
-    chunk_of[next] = next;
-    st = spw__io_submit_read(d->io, p->slot[next], round_up(len, align), src->off + off,
-                             pi * SPW_DISK_SLOTS + (int)next, next);
-    if (st == SPW_OK) pending++;
+int spw__disk_write_device_n(spw_disk_t *d, spw_disk_item_t *items, size_t n, spw_stream_t d2h,
+                             const spw_copy_guard_t *guard) {
+  for (size_t i = 0; i < n; i++) {
+    items[i].ext = (spw_disk_extent_t){0};
+    if (items[i].status == SPW_OK)
+      items[i].status = spw__spill_file_alloc(d->file, items[i].bytes, &items[i].ext);
   }
-  while (pending > 0) {
-    unsigned k;
-    int r = reap_one(d->io, &k);
-    pending--;
-    if (r != SPW_OK) {
-      if (st == SPW_OK) st = r;
-      continue;
+  batch_t *b = batch_plan(d, items, n);
+  int st = b ? SPW_OK : SPW_ERR_SYSTEM;
+  if (b) {
+    b->p = take_pipe(d, &b->pi);
+    /* Group g waits for its slot's previous writes, is staged, and once staged its writes go
+     * out: the device copy of one group overlaps the writes of the groups before it. */
+    for (size_t g = 0; g < b->ng && st == SPW_OK; g++) {
+      unsigned k = (unsigned)(g % SPW_DISK_SLOTS), done;
+      while (b->outstanding[k] > 0 && st == SPW_OK) st = reap_run(b, &done);
+      if (st == SPW_OK) st = stage_group(b, g, k, d2h, guard);
+      if (st == SPW_OK) st = d->ops->event_sync(d->be, b->p->ev[k]);
+      if (st == SPW_OK) st = submit_group(b, g, k, 1);
     }
-    if (st != SPW_OK) continue;
-    size_t c = chunk_of[k];
-    size_t off = c * d->chunk, len = bytes - off < d->chunk ? bytes - off : d->chunk;
-    st = d->ops->memcpy_async(d->be, (uint8_t *)dptr + off, p->slot[k], len, h2d);
-    if (st == SPW_OK) st = d->ops->event_record(d->be, p->ev[k], h2d);
-    if (st == SPW_OK && next < nchunks) {
-      st = d->ops->event_sync(d->be, p->ev[k]);
-      size_t noff = next * d->chunk, nlen = bytes - noff < d->chunk ? bytes - noff : d->chunk;
-      chunk_of[k] = next;
-      if (st == SPW_OK)
-        st = spw__io_submit_read(d->io, p->slot[k], round_up(nlen, align), src->off + noff,
-                                 pi * SPW_DISK_SLOTS + (int)k, k);
-      if (st == SPW_OK) {
-        pending++;
-        next++;
+    while (b->pending > 0) { /* drain, keeping the first error */
+      unsigned done;
+      int r = reap_run(b, &done);
+      if (r != SPW_OK) {
+        if (st == SPW_OK) st = r;
+        break;
       }
     }
+    if (st != SPW_OK) {
+      fail_rest(b, st);
+      /* A copy may have been enqueued without its event: none may still write a slot when
+       * the next transfer takes the pipeline. */
+      d->ops->stream_sync(d->be, d2h);
+    }
+    give_pipe(d, b->p);
+    batch_free(b);
+  } else {
+    for (size_t i = 0; i < n; i++)
+      if (items[i].status == SPW_OK) items[i].status = st;
+  }
+  for (size_t i = 0; i < n; i++)
+    if (items[i].status != SPW_OK) spw__disk_free(d, &items[i].ext);
+  return st;
+}
+
+/* Slot k's group has landed and its upload is enqueued: once the upload has left the slot,
+ * the slot reads the next group (uploading it at once if it has nothing to read). */
+static int refill(batch_t *b, unsigned k, size_t *in_slot, size_t *next, spw_stream_t h2d) {
+  int st = b->d->ops->event_sync(b->d->be, b->p->ev[k]);
+  in_slot[k] = (*next)++;
+  if (st == SPW_OK) st = submit_group(b, in_slot[k], k, 0);
+  if (st == SPW_OK && b->outstanding[k] == 0) st = upload_group(b, in_slot[k], k, h2d);
+  return st;
+}
+
+int spw__disk_read_device_n(spw_disk_t *d, spw_disk_item_t *items, size_t n, spw_stream_t h2d) {
+  batch_t *b = batch_plan(d, items, n);
+  if (!b) {
+    for (size_t i = 0; i < n; i++)
+      if (items[i].status == SPW_OK) items[i].status = SPW_ERR_SYSTEM;
+    return SPW_ERR_SYSTEM;
+  }
+  b->p = take_pipe(d, &b->pi);
+  size_t in_slot[SPW_DISK_SLOTS]; /* the group each slot holds */
+  int used[SPW_DISK_SLOTS] = {0};
+  size_t next = 0;
+  int st = SPW_OK;
+  /* Every slot reads a group; when a group's reads have all landed its upload is enqueued,
+   * and once the upload has left the slot, the slot reads the next group. A group with
+   * nothing to read (its items failed already) lands at once. */
+  for (unsigned k = 0; k < SPW_DISK_SLOTS && next < b->ng && st == SPW_OK; k++) {
+    in_slot[k] = next;
+    used[k] = 1;
+    st = submit_group(b, next++, k, 0);
+    while (st == SPW_OK && b->outstanding[k] == 0 && next < b->ng) st = refill(b, k, in_slot, &next, h2d);
+  }
+  while (b->pending > 0) {
+    unsigned k;
+    int r = reap_run(b, &k);
+    if (r != SPW_OK) {
+      if (st == SPW_OK) st = r;
+      break;
+    }
+    if (b->outstanding[k] > 0 || st != SPW_OK) continue;
+    st = upload_group(b, in_slot[k], k, h2d);
+    while (st == SPW_OK && b->outstanding[k] == 0 && next < b->ng) st = refill(b, k, in_slot, &next, h2d);
   }
   /* Every upload must have left the staging slots before they are reused, and the data must
    * be on the device when we return. After a failure an upload may have been enqueued
    * without its event: the stream itself is waited for then. */
   for (int k = 0; k < SPW_DISK_SLOTS; k++) {
-    int r = d->ops->event_sync(d->be, p->ev[k]);
+    if (!used[k]) continue;
+    int r = d->ops->event_sync(d->be, b->p->ev[k]);
     if (r != SPW_OK && st == SPW_OK) st = r;
   }
-  if (st != SPW_OK) d->ops->stream_sync(d->be, h2d);
-  give_pipe(d, p);
+  if (st != SPW_OK) {
+    fail_rest(b, st);
+    d->ops->stream_sync(d->be, h2d);
+  }
+  give_pipe(d, b->p);
+  batch_free(b);
   return st;
 }

@@ -3,11 +3,12 @@
  *
  * A spill file, an I/O path and pinned staging slots, used by demotion (host -> disk,
  * straight from the arena extent), direct spills (device -> disk) and reads back
- * (disk -> device). Device transfers are pipelined through a bounded set of pinned staging
- * slots: the device->staging copy of chunk i+1 overlaps the write of chunk i, and the read
- * of chunk i+1 overlaps the staging->device copy of chunk i. Every call blocks the calling
- * thread until the bytes are where they were asked to go; all are thread-safe. A failure
- * leaves the source untouched and returns the destination extent.
+ * (disk -> device). Device transfers move batches of buffers through a bounded set of
+ * pinned staging slots, small buffers sharing a slot and a disk request, up to every slot
+ * in flight at once: the device copy of one slot overlaps the disk transfers of the
+ * others. Every call blocks the calling thread until the bytes are where they were asked
+ * to go; all are thread-safe. A failure leaves the source untouched and returns the
+ * destination extent.
  */
 #ifndef SPILLWAY_SPILL_DISK_TIER_H
 #define SPILLWAY_SPILL_DISK_TIER_H
@@ -28,18 +29,27 @@ typedef struct spw_disk_params {
   spw_io_kind_t io;          /* AUTO, URING or POSIX */
   spw_file_log_fn log;       /* the tier's log lines (level, text) */
   spw_error_sink_fn on_error; /* errno / CUDA name and text of a failure */
+  _Atomic uint64_t *requests; /* where the tier counts the requests it issues (may be NULL) */
   void *ctx;
 } spw_disk_params_t;
 
-/* Lets the owner of a device buffer stop a write of it between chunks, and order the
- * chunks' device copies against its own stream-ordered work: before each chunk's copy is
- * enqueued, `gate` is locked and `wanted(ctx)` asked; the copy is enqueued only if it says
+/* Lets the owner of a device buffer stop a write of it, and order the write's device copies
+ * against its own stream-ordered work: before an item's copy into staging is enqueued,
+ * `gate` is locked and `wanted(item->guard_ctx)` asked; the copy is enqueued only if it says
  * yes, and the gate is unlocked after the enqueue. */
 typedef struct spw_copy_guard {
   pthread_mutex_t *gate;
   int (*wanted)(void *ctx);
-  void *ctx;
 } spw_copy_guard_t;
+
+/* One buffer of a batched device transfer. */
+typedef struct spw_disk_item {
+  void *dptr;            /* device memory: a write's source, a read's destination */
+  size_t bytes;
+  spw_disk_extent_t ext; /* a write's result (empty unless it succeeded); a read's source */
+  void *guard_ctx;       /* a write's argument to the guard */
+  int status;            /* in: SPW_OK to move it (else skipped); out: its result */
+} spw_disk_item_t;
 
 /* Opens a spill file in p->dir, the I/O path and the staging slots. Errors: those of
  * spw__spill_file_open, spw__io_open (SPW_ERR_UNSUPPORTED when io_uring is required and
@@ -51,14 +61,20 @@ void spw__disk_destroy(spw_disk_t *d);
 /* host_src: arena memory (4096-aligned, readable up to the rounded length). */
 int spw__disk_write_host(spw_disk_t *d, const void *host_src, size_t bytes,
                          spw_disk_extent_t *out);
-/* Device memory to disk through the staging slots, copies on `d2h`. With a guard (may be
- * NULL), SPW_ERR_BUSY when it stopped the write (nothing is kept). */
-int spw__disk_write_device(spw_disk_t *d, const void *dptr, size_t bytes, spw_stream_t d2h,
-                           const spw_copy_guard_t *guard, spw_disk_extent_t *out);
-/* Disk to device memory through the staging slots, copies on `h2d`; the bytes are on the
- * device when it returns. */
-int spw__disk_read_device(spw_disk_t *d, const spw_disk_extent_t *src, void *dptr,
-                          size_t bytes, spw_stream_t h2d);
+/* Device memory to disk, a batch of items at once: each item gets an extent of its own,
+ * small items share a staging slot (their copies one batch, their contiguous extents one
+ * write), and up to every slot's writes are in flight together; copies on `d2h`. Items whose
+ * status is not SPW_OK on entry are skipped. On return each item's status says what became
+ * of it: SPW_OK (ext holds it), SPW_ERR_BUSY (the guard, may be NULL, stopped it: nothing is
+ * kept), or the failure (nothing is kept). Returns SPW_OK, or the first failure that stopped
+ * the whole batch (a backend or submission error; its items carry it too). */
+int spw__disk_write_device_n(spw_disk_t *d, spw_disk_item_t *items, size_t n, spw_stream_t d2h,
+                             const spw_copy_guard_t *guard);
+/* Disk to device memory, a batch of items at once (packed into staging slots as for a
+ * write, one copy batch per slot), copies on `h2d`; the bytes of every item whose status
+ * is SPW_OK on return are on the device. Items whose status is not SPW_OK on entry are
+ * skipped. Returns as spw__disk_write_device_n. */
+int spw__disk_read_device_n(spw_disk_t *d, spw_disk_item_t *items, size_t n, spw_stream_t h2d);
 /* Returns an extent; an empty one is ignored. */
 void spw__disk_free(spw_disk_t *d, spw_disk_extent_t *e);
 

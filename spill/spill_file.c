@@ -8,14 +8,21 @@
  * Invariants, all under `mu`:
  *  - `size` is the file size we manage; it is a multiple of `align` and never exceeds
  *    `limit` (when there is one: a limit below the alignment admits nothing);
- *  - the free list is sorted by offset, its extents are aligned, non-empty, lie inside
- *    [0, size), never overlap and never touch (touching neighbours are merged at once);
+ *  - the free list and the hole list are sorted by offset, their extents are aligned,
+ *    non-empty, lie inside [0, size), never overlap and never touch (touching neighbours
+ *    are merged at once);
  *  - every byte of [0, size) is either in exactly one free extent or handed out:
  *    in_use + sum(free) == size;
+ *  - every hole lies inside the free list, and every free byte outside the holes has its
+ *    blocks reserved: an extent handed out is reserved whole;
  *  - a failed allocation leaves size, the free list and in_use as they were.
  * Space is reserved with fallocate before an extent is handed out, so ENOSPC shows up here
- * and not in the middle of a write; extents that come back are punched out so the file
- * system gets the blocks back, and re-reserved when they are handed out again.
+ * and not in the middle of a write. Extents that come back stay reserved, and are reused
+ * without a system call, until a grow step of them has come back: then every free extent
+ * is punched out at once (the file system gets the blocks back) and becomes a hole, which
+ * is reserved again when handed out. Punching each extent as it came back cost a
+ * synchronous discard per buffer read back from disk on file systems mounted with discard,
+ * under this mutex; a full file system also sweeps at once, before it reports ENOSPC.
  */
 #include "spill_file.h"
 
@@ -43,6 +50,12 @@
 /* off_t is signed: no extent may end past this. */
 #define SPW_FILE_MAX_BYTES ((uint64_t)INT64_MAX)
 
+/* A sorted list of disjoint, non-touching extents. */
+typedef struct ranges {
+  spw_disk_extent_t *v;
+  size_t n, cap;
+} ranges_t;
+
 struct spw_spill_file {
   int fd;
   int direct;
@@ -56,8 +69,9 @@ struct spw_spill_file {
 
   pthread_mutex_t mu; /* guards everything below; leaf lock (no callback runs under it) */
   uint64_t size;
-  spw_disk_extent_t *free_ext; /* sorted by off */
-  size_t n_free, cap_free;
+  ranges_t free;   /* free space */
+  ranges_t holes;  /* free space punched out: handed out, it is reserved again */
+  uint64_t slack;  /* bytes that came back since the last sweep (free, still reserved) */
   int punch_failed_logged;
   /* Written under mu, read without it by spw__spill_file_bytes_in_use. */
   _Atomic uint64_t in_use;
@@ -291,7 +305,8 @@ void spw__spill_file_close(spw_spill_file_t *f) {
   if (!f) return;
   close(f->fd);
   pthread_mutex_destroy(&f->mu);
-  free(f->free_ext);
+  free(f->free.v);
+  free(f->holes.v);
   free(f);
 }
 
@@ -306,67 +321,97 @@ uint64_t spw__spill_file_bytes_in_use(const spw_spill_file_t *f) {
   return f ? atomic_load(&((spw_spill_file_t *)f)->in_use) : 0;
 }
 
-/* ---- free list (all under mu) --------------------------------------------------------- */
+/* ---- extent lists (all under mu) ------------------------------------------------------ */
 
-/* Index of the first free extent with off >= `off`. */
-static size_t free_lower_bound(const spw_spill_file_t *f, uint64_t off) {
-  size_t lo = 0, hi = f->n_free;
+/* Index of the first extent with off >= `off`. */
+static size_t ranges_lower_bound(const ranges_t *l, uint64_t off) {
+  size_t lo = 0, hi = l->n;
   while (lo < hi) {
     size_t mid = lo + (hi - lo) / 2;
-    if (f->free_ext[mid].off < off) lo = mid + 1;
+    if (l->v[mid].off < off) lo = mid + 1;
     else hi = mid;
   }
   return lo;
 }
 
-/* Space for one more entry, so that a later insert cannot fail half way. */
-static int free_reserve(spw_spill_file_t *f) {
-  spw_disk_extent_t *p = spw__grow(f->free_ext, &f->cap_free, f->n_free + 1, sizeof *p, 16);
+/* Space for `more` entries, so that a later insert or split cannot fail half way. */
+static int ranges_reserve(ranges_t *l, size_t more) {
+  spw_disk_extent_t *p = spw__grow(l->v, &l->cap, l->n + more, sizeof *p, 16);
   if (!p) return SPW_ERR_SYSTEM;
-  f->free_ext = p;
+  l->v = p;
   return SPW_OK;
 }
 
-/* Inserts [off, off+bytes) and merges it with touching neighbours. Needs free_reserve
- * first; the range must not overlap a free extent (checked by the caller). */
-static void free_insert(spw_spill_file_t *f, uint64_t off, uint64_t bytes) {
-  size_t i = free_lower_bound(f, off);
-  int merge_prev = i > 0 && f->free_ext[i - 1].off + f->free_ext[i - 1].bytes == off;
-  int merge_next = i < f->n_free && off + bytes == f->free_ext[i].off;
+static void ranges_remove_at(ranges_t *l, size_t i) {
+  memmove(&l->v[i], &l->v[i + 1], (l->n - i - 1) * sizeof l->v[0]);
+  l->n--;
+}
+
+/* Inserts [off, off+bytes) and merges it with touching neighbours. Needs ranges_reserve(1)
+ * first; the range must not overlap an extent of the list (checked by the caller). */
+static void ranges_insert(ranges_t *l, uint64_t off, uint64_t bytes) {
+  size_t i = ranges_lower_bound(l, off);
+  int merge_prev = i > 0 && l->v[i - 1].off + l->v[i - 1].bytes == off;
+  int merge_next = i < l->n && off + bytes == l->v[i].off;
   if (merge_prev && merge_next) {
-    f->free_ext[i - 1].bytes += bytes + f->free_ext[i].bytes;
-    memmove(&f->free_ext[i], &f->free_ext[i + 1], (f->n_free - i - 1) * sizeof f->free_ext[0]);
-    f->n_free--;
+    l->v[i - 1].bytes += bytes + l->v[i].bytes;
+    ranges_remove_at(l, i);
   } else if (merge_prev) {
-    f->free_ext[i - 1].bytes += bytes;
+    l->v[i - 1].bytes += bytes;
   } else if (merge_next) {
-    f->free_ext[i].off = off;
-    f->free_ext[i].bytes += bytes;
+    l->v[i].off = off;
+    l->v[i].bytes += bytes;
   } else {
-    memmove(&f->free_ext[i + 1], &f->free_ext[i], (f->n_free - i) * sizeof f->free_ext[0]);
-    f->free_ext[i].off = off;
-    f->free_ext[i].bytes = bytes;
-    f->n_free++;
+    memmove(&l->v[i + 1], &l->v[i], (l->n - i) * sizeof l->v[0]);
+    l->v[i].off = off;
+    l->v[i].bytes = bytes;
+    l->n++;
   }
 }
 
-/* Does [off, off+bytes) overlap any free extent? */
-static int free_overlaps(const spw_spill_file_t *f, uint64_t off, uint64_t bytes) {
-  size_t i = free_lower_bound(f, off);
-  if (i > 0 && f->free_ext[i - 1].off + f->free_ext[i - 1].bytes > off) return 1;
-  if (i < f->n_free && f->free_ext[i].off < off + bytes) return 1;
+/* Does [off, off+bytes) overlap any extent of the list? */
+static int ranges_overlap(const ranges_t *l, uint64_t off, uint64_t bytes) {
+  size_t i = ranges_lower_bound(l, off);
+  if (i > 0 && l->v[i - 1].off + l->v[i - 1].bytes > off) return 1;
+  if (i < l->n && l->v[i].off < off + bytes) return 1;
   return 0;
+}
+
+/* Removes [off, off+bytes) from the list, wherever it overlaps. Needs ranges_reserve(1)
+ * first (one extent may split in two). */
+static void ranges_subtract(ranges_t *l, uint64_t off, uint64_t bytes) {
+  uint64_t end = off + bytes;
+  size_t i = ranges_lower_bound(l, off);
+  if (i > 0 && l->v[i - 1].off + l->v[i - 1].bytes > off) i--;
+  while (i < l->n && l->v[i].off < end) {
+    spw_disk_extent_t *x = &l->v[i];
+    uint64_t x_end = x->off + x->bytes;
+    if (x->off < off && x_end > end) { /* splits: the head stays here, the tail after it */
+      memmove(&l->v[i + 2], &l->v[i + 1], (l->n - i - 1) * sizeof l->v[0]);
+      l->n++;
+      l->v[i + 1] = (spw_disk_extent_t){end, x_end - end};
+      x->bytes = off - x->off;
+      return;
+    }
+    if (x->off < off) { /* keeps its head */
+      x->bytes = off - x->off;
+      i++;
+    } else if (x_end > end) { /* keeps its tail */
+      x->bytes = x_end - end;
+      x->off = end;
+      return;
+    } else {
+      ranges_remove_at(l, i);
+    }
+  }
 }
 
 /* Takes `bytes` from the front of free extent i. */
 static uint64_t free_take(spw_spill_file_t *f, size_t i, uint64_t bytes) {
-  uint64_t off = f->free_ext[i].off;
-  f->free_ext[i].off += bytes;
-  f->free_ext[i].bytes -= bytes;
-  if (f->free_ext[i].bytes == 0) {
-    memmove(&f->free_ext[i], &f->free_ext[i + 1], (f->n_free - i - 1) * sizeof f->free_ext[0]);
-    f->n_free--;
-  }
+  uint64_t off = f->free.v[i].off;
+  f->free.v[i].off += bytes;
+  f->free.v[i].bytes -= bytes;
+  if (f->free.v[i].bytes == 0) ranges_remove_at(&f->free, i);
   return off;
 }
 
@@ -415,8 +460,8 @@ static int status_of_errno(int e) { return is_disk_full_errno(e) ? SPW_ERR_DISK_
  * missing. */
 static int grow_for(spw_spill_file_t *f, uint64_t need, deferred_log_t *dl) {
   uint64_t tail = 0;
-  if (f->n_free > 0) {
-    const spw_disk_extent_t *last = &f->free_ext[f->n_free - 1];
+  if (f->free.n > 0) {
+    const spw_disk_extent_t *last = &f->free.v[f->free.n - 1];
     if (last->off + last->bytes == f->size) tail = last->bytes;
   }
   uint64_t missing = need - tail; /* need > tail, or the first fit would have found it */
@@ -424,7 +469,7 @@ static int grow_for(spw_spill_file_t *f, uint64_t need, deferred_log_t *dl) {
   if (f->size > cap || missing > cap - f->size) return SPW_ERR_DISK_FULL;
   uint64_t want = (missing + f->grow_step - 1) / f->grow_step * f->grow_step;
   if (want > cap - f->size) want = cap - f->size;
-  int st = free_reserve(f);
+  int st = ranges_reserve(&f->free, 1);
   if (st != SPW_OK) return st;
   int r = reserve_blocks(f, f->size, want, 0, dl);
   if (r != 0 && is_disk_full_errno(-r) && want > missing) {
@@ -438,8 +483,42 @@ static int grow_for(spw_spill_file_t *f, uint64_t need, deferred_log_t *dl) {
                 strerror(-r));
     return status_of_errno(-r);
   }
-  free_insert(f, f->size, want);
+  ranges_insert(&f->free, f->size, want);
   f->size += want;
+  return SPW_OK;
+}
+
+/* Punches every free extent out, so that the file system gets the blocks back; they all
+ * become holes. Without memory for the hole list nothing is punched (safe: the space stays
+ * reserved). */
+static void sweep(spw_spill_file_t *f, deferred_log_t *dl) {
+  f->slack = 0;
+  if (f->no_fallocate || ranges_reserve(&f->holes, f->free.n) != SPW_OK) return;
+  for (size_t i = 0; i < f->free.n; i++) {
+    int r = punch(f, f->free.v[i].off, f->free.v[i].bytes);
+    if (r != 0 && !f->punch_failed_logged) {
+      f->punch_failed_logged = 1;
+      defer_log(dl, SPW_LOG_WARN,
+                "spill file: punching freed space failed (%s): disk space returns at close",
+                strerror(-r));
+    }
+  }
+  memcpy(f->holes.v, f->free.v, f->free.n * sizeof f->free.v[0]);
+  f->holes.n = f->free.n;
+}
+
+/* First fit for `need` bytes, growing the file when nothing fits. */
+static int find_fit(spw_spill_file_t *f, uint64_t need, size_t *index, deferred_log_t *dl) {
+  size_t i = 0;
+  for (;;) {
+    while (i < f->free.n && f->free.v[i].bytes < need) i++;
+    if (i < f->free.n) break;
+    int st = grow_for(f, need, dl);
+    if (st != SPW_OK) return st;
+    /* Growth extended or appended the last extent; earlier ones are still too small. */
+    i = f->free.n - 1;
+  }
+  *index = i;
   return SPW_OK;
 }
 
@@ -450,27 +529,46 @@ int spw__spill_file_alloc(spw_spill_file_t *f, uint64_t bytes, spw_disk_extent_t
   deferred_log_t dl = {0};
 
   pthread_mutex_lock(&f->mu);
-  int st = SPW_OK;
   size_t i = 0;
-  for (;;) {
-    while (i < f->n_free && f->free_ext[i].bytes < need) i++;
-    if (i < f->n_free) break;
-    st = grow_for(f, need, &dl);
-    if (st != SPW_OK) goto out;
-    /* Growth extended or appended the last extent; earlier ones are still too small. */
-    i = f->n_free - 1;
+  int st = find_fit(f, need, &i, &dl);
+  /* The file system is full, but space that came back is still reserved: give it back and
+   * try again. */
+  if (st == SPW_ERR_DISK_FULL && f->slack > 0) {
+    sweep(f, &dl);
+    st = find_fit(f, need, &i, &dl);
   }
-  /* The extent may have been punched when it came back: reserve its blocks again so that
-   * a full disk is reported now rather than by the write. On space grow_for reserved just
-   * now this is a cheap walk over allocated blocks. */
-  uint64_t off = f->free_ext[i].off;
-  int r = reserve_blocks(f, off, need, 1, &dl);
-  if (r != 0) {
-    if (!is_disk_full_errno(-r))
-      defer_log(&dl, SPW_LOG_ERROR, "spill file: reserving %" PRIu64 " B at %" PRIu64 ": %s",
-                need, off, strerror(-r));
-    st = status_of_errno(-r);
+  if (st != SPW_OK) goto out;
+  uint64_t off = f->free.v[i].off;
+  if (ranges_reserve(&f->holes, 1) != SPW_OK) {
+    st = SPW_ERR_SYSTEM;
     goto out;
+  }
+  if (!ranges_overlap(&f->holes, off, need)) {
+    /* Reserved: space that came back and is handed out again leaves the slack. */
+    f->slack = f->slack > need ? f->slack - need : 0;
+  } else {
+    /* Punched when it came back: reserve its blocks again, so that a full disk is reported
+     * now rather than by the write (on blocks already reserved, a cheap walk). */
+    int r = reserve_blocks(f, off, need, 1, &dl);
+    if (r != 0 && is_disk_full_errno(-r) && f->slack > 0) {
+      sweep(f, &dl); /* the extent stays first fit: only holes were added */
+      if (ranges_reserve(&f->holes, 1) != SPW_OK) {
+        st = SPW_ERR_SYSTEM;
+        goto out;
+      }
+      r = reserve_blocks(f, off, need, 1, &dl);
+    }
+    if (r != 0) {
+      if (!is_disk_full_errno(-r))
+        defer_log(&dl, SPW_LOG_ERROR, "spill file: reserving %" PRIu64 " B at %" PRIu64 ": %s",
+                  need, off, strerror(-r));
+      /* A failed reservation is undone by punching the whole range: all of it is a hole. */
+      ranges_subtract(&f->holes, off, need);
+      ranges_insert(&f->holes, off, need);
+      st = status_of_errno(-r);
+      goto out;
+    }
+    ranges_subtract(&f->holes, off, need);
   }
   free_take(f, i, need);
   atomic_fetch_add(&f->in_use, need);
@@ -487,30 +585,26 @@ void spw__spill_file_free(spw_spill_file_t *f, spw_disk_extent_t *e) {
   deferred_log_t dl = {0};
   pthread_mutex_lock(&f->mu);
   if (e->off % f->align || e->bytes % f->align || e->off > f->size ||
-      e->bytes > f->size - e->off || free_overlaps(f, e->off, e->bytes)) {
+      e->bytes > f->size - e->off || ranges_overlap(&f->free, e->off, e->bytes)) {
     /* A double free or a forged extent: refusing it keeps the allocator consistent. */
     defer_log(&dl, SPW_LOG_ERROR,
               "spill file: ignoring free of [%" PRIu64 ", +%" PRIu64 "): not in use (double free?)",
               e->off, e->bytes);
-  } else if (free_reserve(f) != SPW_OK) {
+  } else if (ranges_reserve(&f->free, 1) != SPW_OK) {
     /* No memory for the free list: the range stays allocated until close, which is safe,
      * unlike losing track of it. */
     defer_log(&dl, SPW_LOG_ERROR, "spill file: out of memory freeing an extent (space leaked)");
   } else {
-    /* Punch before the range becomes allocatable again, so the punch can never hit data
-     * written by its next owner. */
-    int r = f->no_fallocate ? 0 : punch(f, e->off, e->bytes);
-    if (r != 0 && !f->punch_failed_logged) {
-      f->punch_failed_logged = 1;
-      defer_log(&dl, SPW_LOG_WARN,
-                "spill file: punching freed space failed (%s): disk space returns at close",
-                strerror(-r));
-    }
-    free_insert(f, e->off, e->bytes);
+    /* Still reserved: the next allocation reuses it without a system call. Punching happens
+     * under this mutex, so it can never hit data written by the range's next owner. */
+    ranges_insert(&f->free, e->off, e->bytes);
     atomic_fetch_sub(&f->in_use, e->bytes);
+    f->slack += e->bytes;
+    if (f->slack >= f->grow_step) sweep(f, &dl);
     e->off = 0;
     e->bytes = 0;
   }
   pthread_mutex_unlock(&f->mu);
   flush_log(f, &dl);
 }
+

@@ -517,6 +517,7 @@ static void get_stats_writes_only_struct_size_bytes(void) {
   ASSERT_UEQ(st.buffers, 1);
   ASSERT_UEQ(st.device_bytes, 0xABABABABABABABABull);
   ASSERT_UEQ(st.disk_read_ns, 0xABABABABABABABABull);
+  ASSERT_UEQ(st.disk_requests, 0xABABABABABABABABull);
   ASSERT_OK(spw_free(rt, b));
   ASSERT_OK(spw_runtime_destroy(rt));
 }

@@ -323,7 +323,10 @@ SPW_API SPW_NODISCARD int spw_acquire(spw_runtime_t *rt, spw_buf_t buf, spw_stre
                                       unsigned flags, void **dptr);
 
 /* Acquires `n` buffers on one stream, all or nothing: on error no lock is held and `dptrs`
- * is untouched. A handle may appear more than once (it is locked that many times). */
+ * is untouched. A handle may appear more than once (it is locked that many times). Buffers
+ * on host come back first as one batch, and those on disk as another (the calling thread
+ * blocks for their reads), unless flags has SPW_ACQUIRE_TRY. Thread-safe; errors as
+ * spw_acquire. */
 SPW_API SPW_NODISCARD int spw_acquire_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
                                         spw_stream_t stream, unsigned flags, void **dptrs);
 
@@ -411,6 +414,8 @@ typedef struct spw_stats {
   uint64_t clean_respills;         /* spills that moved no bytes (clean host copy kept) */
   uint64_t failures;               /* failed spills, unspills, demotions, reads */
   uint64_t spill_ns, unspill_ns, demote_ns, disk_read_ns; /* time spent (wall, engine) */
+  uint64_t disk_requests;          /* reads and writes issued to the spill file: buffers
+                                      moved together whose extents are neighbours share one */
 } spw_stats_t;
 
 /* Fills `out` (set out->struct_size first; fields past it are not written). */

@@ -42,6 +42,7 @@ int spw_get_stats(spw_runtime_t *rt, spw_stats_t *out) {
   s.unspill_ns = LOAD(rt->c.unspill_ns);
   s.demote_ns = LOAD(rt->c.demote_ns);
   s.disk_read_ns = LOAD(rt->c.disk_read_ns);
+  s.disk_requests = LOAD(rt->c.disk_requests);
   size_t n = out->struct_size < sizeof s ? out->struct_size : sizeof s;
   memcpy(out, &s, n);
   out->struct_size = n;

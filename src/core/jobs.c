@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The engine's work (see jobs.h). Each lane takes its whole queue at once: the down lane
- * claims the host-tier spills of every queued request into one batch (demotions and direct
- * disk spills go one by one), then spills in the background if usage is above the high
- * watermark; the up lane brings the host buffers of every queued prefetch back as one
- * batch, then the buffers on disk one at a time. */
+ * claims the spills of every queued request into one batch per tier (demotions go one by
+ * one), then spills in the background if usage is above the high watermark; the up lane
+ * brings the host buffers of every queued prefetch back as one batch, then the buffers on
+ * disk as another. */
 #include "jobs.h"
 
 #include <stdlib.h>
@@ -40,10 +40,10 @@ static void free_jobs(spw_job_t *list) {
   }
 }
 
-/* One buffer of a spill request: a demotion or a direct disk spill runs at once, a host
- * spill is claimed into the batch. A buffer moved meanwhile is left alone. */
+/* One buffer of a spill request: a demotion runs at once, a spill is claimed into the batch
+ * of its tier. A buffer moved meanwhile is left alone. */
 static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victim_t *v,
-                      size_t *nv) {
+                      size_t *nv, spw_victim_t *vd, size_t *nvd) {
   spw_slot_t *s;
   uint64_t w;
   if (spw__handles_lookup(&rt->handles, h, &s, &w) != SPW_OK) return;
@@ -60,7 +60,7 @@ static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victi
       spw__report_move(rt, h, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, 0, SPW_ERR_LOCKED);
     return;
   }
-  if (tier == SPW_TIER_DISK) spw__spill_to_disk(rt, &one, SPW_SPILL_EXPLICIT);
+  if (tier == SPW_TIER_DISK) vd[(*nvd)++] = one;
   else v[(*nv)++] = one;
 }
 
@@ -68,18 +68,26 @@ static void run_spills(spw_runtime_t *rt, spw_job_t *jobs) {
   size_t n = 0;
   for (spw_job_t *l = jobs; l; l = l->next) n += ((job_t *)(void *)l)->n;
   if (n == 0) return;
-  spw_victim_t *v = malloc(n * sizeof *v);
-  if (!v) {
+  /* Host victims, disk victims, and pointers to the disk victims. */
+  spw_victim_t *v = malloc(2 * n * sizeof *v);
+  spw_victim_t **vdp = malloc(n * sizeof *vdp);
+  if (!v || !vdp) {
+    free(v);
+    free(vdp);
     spw__set_async_error(rt, SPW_ERR_SYSTEM);
     return;
   }
-  size_t nv = 0;
+  spw_victim_t *vd = v + n;
+  size_t nv = 0, nvd = 0;
   for (spw_job_t *l = jobs; l; l = l->next) {
     job_t *j = (job_t *)(void *)l;
-    for (size_t i = 0; i < j->n; i++) spill_one(rt, j->hs[i], j->tier, v, &nv);
+    for (size_t i = 0; i < j->n; i++) spill_one(rt, j->hs[i], j->tier, v, &nv, vd, &nvd);
   }
   if (nv > 0) spw__spill_batch(rt, v, nv, SPW_SPILL_EXPLICIT);
+  for (size_t i = 0; i < nvd; i++) vdp[i] = &vd[i];
+  if (nvd > 0) spw__spill_to_disk_n(rt, vdp, nvd, SPW_SPILL_EXPLICIT);
   free(v);
+  free(vdp);
 }
 
 static void run_prefetches(spw_runtime_t *rt, spw_job_t *jobs) {
@@ -97,16 +105,7 @@ static void run_prefetches(spw_runtime_t *rt, spw_job_t *jobs) {
     for (size_t i = 0; i < j->n; i++) all[k++] = j->hs[i];
   }
   spw__prefetch_batch(rt, all, n);
-  for (size_t i = 0; i < n; i++) {
-    spw_slot_t *s;
-    uint64_t w;
-    spw_move_t m;
-    void *d;
-    if (spw__handles_lookup(&rt->handles, all[i], &s, &w) != SPW_OK) continue;
-    if (spw__w_state(w) != SPW_STATE_DISK) continue;
-    if (spw__move_begin(rt, SPW_MOVE_READ, all[i], s, SPW_CLAIM_WAIT, &m))
-      spw__read_back(rt, &m, 0, &d); /* a failure is reported by the move */
-  }
+  spw__prefetch_from_disk(rt, all, n);
   free(all);
 }
 

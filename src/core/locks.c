@@ -159,19 +159,21 @@ int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_t stream, unsigned flag
 
 void spw__lock_n_prepare(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, unsigned flags) {
   if (n < 2 || (flags & SPW_ACQUIRE_TRY) || spw__in_callback(rt)) return;
-  spw_buf_t stack[64];
-  spw_buf_t *host = n <= 64 ? stack : malloc(n * sizeof *host);
+  spw_buf_t stack[2 * 64];
+  spw_buf_t *host = n <= 64 ? stack : malloc(2 * n * sizeof *host), *disk = host + n;
   if (!host) return;
-  size_t k = 0;
+  size_t k = 0, kd = 0;
   for (size_t i = 0; i < n; i++) {
     spw_slot_t *s;
     uint64_t w;
-    if (spw__handles_lookup(&rt->handles, bufs[i], &s, &w) == SPW_OK &&
-        spw__w_state(w) == SPW_STATE_HOST)
-      host[k++] = bufs[i];
+    if (spw__handles_lookup(&rt->handles, bufs[i], &s, &w) != SPW_OK) continue;
+    if (spw__w_state(w) == SPW_STATE_HOST) host[k++] = bufs[i];
+    if (spw__w_state(w) == SPW_STATE_DISK) disk[kd++] = bufs[i];
   }
-  /* One at a time costs a copy launch and an event each: a batch is one copy per part. */
+  /* One at a time costs a copy launch and an event each (and from disk, a request in flight
+   * alone): a batch is one copy per part, and many requests in flight. */
   if (k >= 2) spw__prefetch_batch(rt, host, k);
+  if (kd >= 2) spw__prefetch_from_disk(rt, disk, kd);
   if (host != stack) free(host);
 }
 

@@ -40,14 +40,25 @@ int spw__victim_claim(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_claim_t
 uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spill_reason_t why);
 
 /* ---- disk_move.c ---- */
-/* A claimed victim straight to disk through the staging pipeline; commits and reports. */
-int spw__spill_to_disk(spw_runtime_t *rt, spw_victim_t *v, spw_spill_reason_t why);
+/* Claimed victims straight to disk, together through the staging slots (small ones share a
+ * slot and a disk request); commits, accounts and reports each. On return each victim's
+ * status (SPW_OK when it is on disk) and end are set. */
+void spw__spill_to_disk_n(spw_runtime_t *rt, spw_victim_t *const *v, size_t n,
+                          spw_spill_reason_t why);
 /* Demotes h (HOST -> DISK); with `claim` SPW_CLAIM_TRY it never waits for the slot mutex.
  * SPW_ERR_BUSY if h is not (any more) an unlocked HOST buffer. */
 int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim);
-/* Reads a DISK buffer back: `m` is a READ move begun by the caller, who holds no lock.
- * Takes `locks` locks. On success *dptr is its device memory and the data has landed. */
+/* Reads DISK buffers back: m[i] are READ moves begun by the caller, who holds no lock; all
+ * are read as batches through the staging slots. Each buffer back takes `locks` locks and
+ * its data has landed. dptr and status (each may be NULL) get each one's device memory and
+ * result (SPW_OK, SPW_ERR_FREED, or why it stayed on disk). Returns how many came back. */
+size_t spw__read_back_n(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32_t locks,
+                        void **dptr, int *status);
+/* One buffer: spw__read_back_n of one, returning its status. */
 int spw__read_back(spw_runtime_t *rt, const spw_move_t *m, uint32_t locks, void **dptr);
+/* Reads back the DISK buffers among hs as batches (others are skipped); failures are
+ * reported. Returns how many came back. */
+size_t spw__prefetch_from_disk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n);
 
 /* ---- unspill_move.c ---- */
 /* Brings a HOST buffer back for an acquire: `m` is an UNSPILL move begun by the caller, who

@@ -200,6 +200,7 @@ spw_disk_t *spw__disk(spw_runtime_t *rt, int *status) {
                            .io = rt->settings.io,
                            .log = spw__log_sink,
                            .on_error = spw__error_sink,
+                           .requests = &rt->c.disk_requests,
                            .ctx = rt};
     st = spw__disk_create(&p, &rt->disk);
     /* A directory that is not there or an I/O path the kernel refuses stays so: remembered,

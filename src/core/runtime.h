@@ -50,6 +50,7 @@ typedef struct spw_counters {
   _Atomic uint64_t spills_on_demand, spills_background, spills_abandoned, clean_respills;
   _Atomic uint64_t failures;
   _Atomic uint64_t spill_ns, unspill_ns, demote_ns, disk_read_ns;
+  _Atomic uint64_t disk_requests; /* counted by the disk tier itself */
   _Atomic uint64_t host_bytes, disk_bytes; /* authoritative bytes per tier (buffer_state.c) */
   _Atomic uint64_t host_deferred; /* host extent bytes waiting for a stream to be returned */
 } spw_counters_t;

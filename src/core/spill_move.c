@@ -44,6 +44,7 @@ typedef struct part_scratch {
   size_t bytes[PART_VICTIMS];
   spw_host_extent_t ext[PART_VICTIMS];
   void *dptr[PART_VICTIMS];
+  spw_victim_t *to_disk[PART_VICTIMS];
 } part_scratch_t;
 
 typedef struct spill_run {
@@ -138,16 +139,14 @@ static void spill_finish(void *ctx, spw_part_t *p) {
   spill_run_t *r = ctx;
   int st = spw__part_wait(r->rt, p, r->d2h);
   uint64_t ended = 0;
-  size_t nfree = 0;
+  size_t nfree = 0, ndisk = 0;
   for (size_t i = p->first; i < p->first + p->count; i++) {
     spw_victim_t *v = &r->v[i];
-    ended += v->m.size;
     if (v->to_disk) {
-      /* Commits, accounts and reports itself, through the staging pipeline. */
-      ended -= v->m.size;
-      v->status = spw__spill_to_disk(r->rt, v, r->why);
+      r->scratch->to_disk[ndisk++] = v;
       continue;
     }
+    ended += v->m.size;
     settle(r, v, st, &nfree);
   }
   /* The copies have completed: the memory is free now, in one go. */
@@ -157,6 +156,8 @@ static void spill_finish(void *ctx, spw_part_t *p) {
    * while the next part is still copying. */
   spw__budget_spill_ended(r->rt, r->freed, ended);
   r->freed = 0;
+  /* Commits, accounts and reports them itself. */
+  if (ndisk) spw__spill_to_disk_n(r->rt, r->scratch->to_disk, ndisk, r->why);
 }
 
 uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spill_reason_t why) {
@@ -202,7 +203,7 @@ uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spil
   if (why == SPW_SPILL_BACKGROUND) atomic_fetch_add(&rt->c.spills_background, r.moved);
   uint64_t left = 0;
   for (size_t i = 0; i < n; i++) {
-    if (v[i].to_disk) { /* reported by spw__spill_to_disk */
+    if (v[i].to_disk) { /* reported by spw__spill_to_disk_n */
       if (v[i].status == SPW_OK) left += v[i].m.size;
       continue;
     }

@@ -111,6 +111,7 @@ class Stats:
     unspill_ns: int
     demote_ns: int
     disk_read_ns: int
+    disk_requests: int
 
 
 assert tuple(f.name for f in dataclasses.fields(Stats)) == _c.STATS_FIELDS
