@@ -4,7 +4,8 @@
  * each marked resident once its copy has completed).
  *
  * For an acquire, the copy is the acquiring stream's own work: device memory is allocated
- * on that stream, the copy enqueued there, and the slot's `ready` event recorded after it.
+ * on that stream, one cudaMemcpyAsync enqueued there, and the slot's `ready` event recorded
+ * after it.
  * Nothing else is needed for the acquirer: its later work follows the copy in stream order.
  * That is one copy and one event record, the least a stream-ordered unspill can cost (a copy
  * on the engine's upload stream needed a wait on the acquiring stream as well, and a second
@@ -26,8 +27,9 @@ int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, un
   int copied = 0, recorded = 0;
   int st = spw__device_get(rt, m->size, stream, 0, &d);
   if (st == SPW_OK) {
-    spw_copy_desc_t desc = {d, m->from.host.ptr, m->size};
-    st = rt->ops->copy_batch_async(rt->be, &desc, 1, SPW_COPY_H2D, stream);
+    /* One copy on a copy engine, as a raw per-buffer copy would be: the batch kernel pays
+     * off over many buffers, not one. */
+    st = rt->ops->memcpy_async(rt->be, d, m->from.host.ptr, m->size, stream);
     copied = st == SPW_OK;
     /* `ready` is the mover's while the buffer is UNSPILLING. */
     if (st == SPW_OK && !s->ready) st = rt->ops->event_create(rt->be, &s->ready);
