@@ -2,12 +2,7 @@
 /* The completion poller (see completions.h). Pending items form a FIFO list; the poller
  * queries every pending event each round and sleeps between rounds with a backoff from 20 us
  * to 1 ms while nothing completes: cheap when idle, prompt when busy, and immune to one long
- * stream holding back a short one (a blocking wait on the oldest event would be).
- *
- * With nothing pending the poller lingers, looking every 20 us, for 2 ms before it sleeps on
- * its condition variable: a submitter signals a sleeping poller with a futex wake (a system
- * call, about a microsecond of the submitter's time), and items come one per acquire of a
- * spilled buffer or per launch while work flows, so while it flows nobody pays that. */
+ * stream holding back a short one (a blocking wait on the oldest event would be). */
 #include "completions.h"
 
 #include <pthread.h>
@@ -58,25 +53,13 @@ static void enqueue(spw_completions_t *c, item_t *it) {
   pthread_mutex_unlock(&c->mu);
 }
 
-#define LOOK_NS 20000L
-#define LINGER_NS 2000000L
-
 static void *poller(void *arg) {
   spw_completions_t *c = arg;
-  long sleep_ns = LOOK_NS, idle_ns = 0;
+  long sleep_ns = 20000;
   pthread_mutex_lock(&c->mu);
   for (;;) {
-    if (!c->head && !c->stop && idle_ns < LINGER_NS) {
-      pthread_mutex_unlock(&c->mu);
-      struct timespec ts = {0, LOOK_NS};
-      nanosleep(&ts, NULL);
-      idle_ns += LOOK_NS;
-      pthread_mutex_lock(&c->mu);
-      continue;
-    }
     while (!c->head && !c->stop) pthread_cond_wait(&c->cv, &c->mu);
     if (!c->head && c->stop) break;
-    idle_ns = 0;
     /* Detach the list so that the events are queried without the lock. */
     item_t *list = c->head;
     c->head = c->tail = NULL;
@@ -110,7 +93,7 @@ static void *poller(void *arg) {
     c->busy = 0;
     pthread_cond_broadcast(&c->done_cv);
     if (ran || !c->head) {
-      sleep_ns = LOOK_NS;
+      sleep_ns = 20000;
       continue;
     }
     pthread_mutex_unlock(&c->mu);
