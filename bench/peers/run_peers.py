@@ -759,7 +759,7 @@ def parse_args(argv: Optional[list] = None) -> argparse.Namespace:
     ap.add_argument("--max-count", type=int, default=262144, help="host tier: most buffers")
     ap.add_argument("--disk-total", help="disk tier: bytes per size (default 1GiB)")
     ap.add_argument("--disk-max-count", type=int, default=16384,
-                    help="disk tier: most buffers (4 KiB: 64 MiB; each is its own request)")
+                    help="disk tier: most buffers (4 KiB: 64 MiB)")
     ap.add_argument("--reps", type=int, help="host tier: timed round trips (default 5)")
     ap.add_argument("--disk-reps", type=int, help="disk tier: timed round trips (default 3)")
     ap.add_argument("--warmup", type=int, default=1)

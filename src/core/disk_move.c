@@ -177,9 +177,10 @@ int spw__read_back(spw_runtime_t *rt, const spw_move_t *m, uint32_t locks, void 
 }
 
 /* A prefetch's moves are begun a group at a time, so that an acquirer of one of them waits
- * for its group's read, not for the whole prefetch. */
-#define READ_GROUP_ITEMS 2048
-#define READ_GROUP_BYTES ((uint64_t)64 << 20)
+ * for its group's read, not for the whole prefetch. The disk's queue drains at the end of
+ * each group: a group is four times what the staging slots hold in flight (64 MiB). */
+#define READ_GROUP_ITEMS 8192
+#define READ_GROUP_BYTES ((uint64_t)256 << 20)
 
 size_t spw__prefetch_from_disk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n) {
   size_t cap = n < READ_GROUP_ITEMS ? n : READ_GROUP_ITEMS, moved = 0;
