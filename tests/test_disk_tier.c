@@ -440,121 +440,115 @@ static int count_in(spw_runtime_t *rt, const spw_buf_t *b, spw_state_t want) {
   return k;
 }
 
-static void small_buffers_spilled_together_share_disk_requests(void) {
+/* A runtime with BATCH_N filled buffers, in a spill directory of its own. */
+typedef struct batch_fixture {
   char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  spw_runtime_t *rt = disk_runtime(dir, 64 * MIB, 64 * MIB);
+  spw_runtime_t *rt;
   spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
   spw_buf_t b[BATCH_N];
-  fill_batch(rt, s, b, 100);
-  const spw_stats_t before = stats_of(rt);
-  ASSERT_OK(spw_spill_n(rt, b, BATCH_N, SPW_TIER_DISK));
-  ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_EQ(count_in(rt, b, SPW_STATE_DISK), BATCH_N);
-  const spw_stats_t wrote = stats_of(rt);
+  uint64_t v0;
+} batch_fixture_t;
+
+static void batch_open(batch_fixture_t *f, uint64_t v0) {
+  make_dir(f->dir, sizeof f->dir, "disk");
+  f->rt = disk_runtime(f->dir, 64 * MIB, 64 * MIB);
+  ASSERT_OK(spw_stream_create(f->rt, &f->s));
+  f->v0 = v0;
+  fill_batch(f->rt, f->s, f->b, v0);
+}
+
+static void batch_spill_to_disk(batch_fixture_t *f) {
+  ASSERT_OK(spw_spill_n(f->rt, f->b, BATCH_N, SPW_TIER_DISK));
+  ASSERT_OK(spw_wait_idle(f->rt));
+  ASSERT_EQ(count_in(f->rt, f->b, SPW_STATE_DISK), BATCH_N);
+}
+
+/* Checks every buffer's contents, then frees everything. */
+static void batch_close(batch_fixture_t *f) {
+  expect_batch(f->rt, f->s, f->b, f->v0);
+  for (size_t i = 0; i < BATCH_N; i++) ASSERT_OK(spw_free(f->rt, f->b[i]));
+  ASSERT_OK(spw_runtime_destroy(f->rt));
+  remove_spill_dir(f->dir);
+}
+
+static void small_buffers_spilled_together_share_disk_requests(void) {
+  batch_fixture_t f;
+  batch_open(&f, 100);
+  const spw_stats_t before = stats_of(f.rt);
+  batch_spill_to_disk(&f);
+  const spw_stats_t wrote = stats_of(f.rt);
   const uint64_t writes = wrote.disk_requests - before.disk_requests;
   printf("  %d buffers written in %" PRIu64 " requests\n", BATCH_N, writes);
   ASSERT_UEQ(wrote.disk_writes, before.disk_writes + BATCH_N);
   ASSERT_UEQ(wrote.failures, 0);
-  /* About 8.5 MiB: a fresh file hands out neighbouring extents, so each 2 MiB slot of
-   * staging goes out as one or two requests, not one per buffer. */
+  /* About 8.5 MiB: a fresh file hands out neighbouring extents, so each slot of staging
+   * goes out as one or two requests, not one per buffer. */
   ASSERT_LE(writes, (uint64_t)BATCH_N / 4);
-  ASSERT_OK(spw_prefetch_n(rt, b, BATCH_N, s));
-  ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_EQ(count_in(rt, b, SPW_STATE_RESIDENT), BATCH_N);
-  const spw_stats_t read = stats_of(rt);
+  ASSERT_OK(spw_prefetch_n(f.rt, f.b, BATCH_N, f.s));
+  ASSERT_OK(spw_wait_idle(f.rt));
+  ASSERT_EQ(count_in(f.rt, f.b, SPW_STATE_RESIDENT), BATCH_N);
+  const spw_stats_t read = stats_of(f.rt);
   const uint64_t reads = read.disk_requests - wrote.disk_requests;
   printf("  read back in %" PRIu64 " requests\n", reads);
   ASSERT_UEQ(read.disk_reads, before.disk_reads + BATCH_N);
   ASSERT_LE(reads, (uint64_t)BATCH_N / 4);
   ASSERT_UEQ(read.disk_bytes, 0);
-  expect_batch(rt, s, b, 100);
-  for (size_t i = 0; i < BATCH_N; i++) ASSERT_OK(spw_free(rt, b[i]));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
+  batch_close(&f);
 }
 
 static void acquire_n_reads_disk_buffers_as_one_batch(void) {
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  spw_runtime_t *rt = disk_runtime(dir, 64 * MIB, 64 * MIB);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b[BATCH_N];
-  fill_batch(rt, s, b, 200);
-  ASSERT_OK(spw_spill_n(rt, b, BATCH_N, SPW_TIER_DISK));
-  ASSERT_OK(spw_wait_idle(rt));
-  const spw_stats_t before = stats_of(rt);
+  batch_fixture_t f;
+  batch_open(&f, 200);
+  batch_spill_to_disk(&f);
+  const spw_stats_t before = stats_of(f.rt);
   void *d[BATCH_N];
-  ASSERT_OK(spw_acquire_n(rt, b, BATCH_N, s, 0, d));
-  const spw_stats_t after = stats_of(rt);
+  ASSERT_OK(spw_acquire_n(f.rt, f.b, BATCH_N, f.s, 0, d));
+  const spw_stats_t after = stats_of(f.rt);
   ASSERT_UEQ(after.disk_reads, before.disk_reads + BATCH_N);
   ASSERT_LE(after.disk_requests - before.disk_requests, (uint64_t)BATCH_N / 4);
-  for (size_t i = 0; i < BATCH_N; i++) ASSERT_OK(spw_release(rt, b[i], s));
-  expect_batch(rt, s, b, 200);
-  for (size_t i = 0; i < BATCH_N; i++) ASSERT_OK(spw_free(rt, b[i]));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
+  for (size_t i = 0; i < BATCH_N; i++) ASSERT_OK(spw_release(f.rt, f.b[i], f.s));
+  batch_close(&f);
 }
 
 static void failed_write_in_a_batch_keeps_only_its_buffers_resident(void) {
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  spw_runtime_t *rt = disk_runtime(dir, 64 * MIB, 64 * MIB);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b[BATCH_N];
-  fill_batch(rt, s, b, 300);
-  spw__inject_disk_fault(rt, SPW_ERR_IO, 1);
-  ASSERT_OK(spw_spill_n(rt, b, BATCH_N, SPW_TIER_DISK));
-  ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_IO);
-  const int on_disk = count_in(rt, b, SPW_STATE_DISK), resident = count_in(rt, b, SPW_STATE_RESIDENT);
-  const spw_stats_t st = stats_of(rt);
+  batch_fixture_t f;
+  batch_open(&f, 300);
+  spw__inject_disk_fault(f.rt, SPW_ERR_IO, 1);
+  ASSERT_OK(spw_spill_n(f.rt, f.b, BATCH_N, SPW_TIER_DISK));
+  ASSERT_STATUS(spw_wait_idle(f.rt), SPW_ERR_IO);
+  const int on_disk = count_in(f.rt, f.b, SPW_STATE_DISK);
+  const int resident = count_in(f.rt, f.b, SPW_STATE_RESIDENT);
+  const spw_stats_t st = stats_of(f.rt);
   printf("  one failed request: %d on disk, %d resident\n", on_disk, resident);
   ASSERT_EQ(on_disk + resident, BATCH_N);
   ASSERT_GT(on_disk, 0);
   ASSERT_GT(resident, 0);
   ASSERT_UEQ(st.failures, (uint64_t)resident);
   ASSERT_UEQ(st.disk_writes, (uint64_t)on_disk);
-  expect_batch(rt, s, b, 300);
+  expect_batch(f.rt, f.s, f.b, f.v0);
   /* The tier still works once the fault is spent. */
-  ASSERT_OK(spw_spill_n(rt, b, BATCH_N, SPW_TIER_DISK));
-  ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_EQ(count_in(rt, b, SPW_STATE_DISK), BATCH_N);
-  expect_batch(rt, s, b, 300);
-  for (size_t i = 0; i < BATCH_N; i++) ASSERT_OK(spw_free(rt, b[i]));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
+  batch_spill_to_disk(&f);
+  batch_close(&f);
 }
 
 static void failed_read_in_a_batch_keeps_only_its_buffers_on_disk(void) {
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  spw_runtime_t *rt = disk_runtime(dir, 64 * MIB, 64 * MIB);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b[BATCH_N];
-  fill_batch(rt, s, b, 400);
-  ASSERT_OK(spw_spill_n(rt, b, BATCH_N, SPW_TIER_DISK));
-  ASSERT_OK(spw_wait_idle(rt));
-  const spw_stats_t before = stats_of(rt);
-  spw__inject_disk_fault(rt, SPW_ERR_IO, 1);
-  ASSERT_OK(spw_prefetch_n(rt, b, BATCH_N, s));
-  ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_IO);
-  const int on_disk = count_in(rt, b, SPW_STATE_DISK), resident = count_in(rt, b, SPW_STATE_RESIDENT);
-  const spw_stats_t st = stats_of(rt);
+  batch_fixture_t f;
+  batch_open(&f, 400);
+  batch_spill_to_disk(&f);
+  const spw_stats_t before = stats_of(f.rt);
+  spw__inject_disk_fault(f.rt, SPW_ERR_IO, 1);
+  ASSERT_OK(spw_prefetch_n(f.rt, f.b, BATCH_N, f.s));
+  ASSERT_STATUS(spw_wait_idle(f.rt), SPW_ERR_IO);
+  const int on_disk = count_in(f.rt, f.b, SPW_STATE_DISK);
+  const int resident = count_in(f.rt, f.b, SPW_STATE_RESIDENT);
+  const spw_stats_t st = stats_of(f.rt);
   printf("  one failed request: %d resident, %d still on disk\n", resident, on_disk);
   ASSERT_EQ(on_disk + resident, BATCH_N);
   ASSERT_GT(on_disk, 0);
   ASSERT_GT(resident, 0);
   ASSERT_UEQ(st.failures, before.failures + (uint64_t)on_disk);
   ASSERT_UEQ(st.disk_reads, before.disk_reads + (uint64_t)resident);
-  expect_batch(rt, s, b, 400); /* those still on disk are read one by one here */
-  ASSERT_UEQ(stats_of(rt).disk_bytes, 0);
-  for (size_t i = 0; i < BATCH_N; i++) ASSERT_OK(spw_free(rt, b[i]));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
+  batch_close(&f); /* those still on disk are read one by one here */
 }
 
 /* Skips the whole run (77) when SPILLWAY_IO=uring and the kernel refuses io_uring: the
