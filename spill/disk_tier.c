@@ -190,7 +190,7 @@ static void give_pipe(spw_disk_t *d, pipe_t *p) {
  *
  * The items are cut into pieces of at most one chunk, and the pieces packed in order into
  * groups of at most one chunk of staging (each piece padded to the alignment): a large item
- * spans whole groups, small ones share a group. Group g is staged in slot g % SLOTS. A group
+ * spans whole groups, small ones share a group, staged together in a free slot. A group
  * moves as one copy batch and, where consecutive pieces are also consecutive in the file
  * (extents allocated one after another usually are), one disk request per such run: small
  * buffers then cost the disk what large ones do. A run's request is tagged with its first
