@@ -488,20 +488,31 @@ static int grow_for(spw_spill_file_t *f, uint64_t need, deferred_log_t *dl) {
   return SPW_OK;
 }
 
-/* Punches every free extent out, so that the file system gets the blocks back; they all
- * become holes. Without memory for the hole list nothing is punched (safe: the space stays
- * reserved). */
+static void punch_logged(spw_spill_file_t *f, uint64_t off, uint64_t len, deferred_log_t *dl) {
+  int r = punch(f, off, len);
+  if (r != 0 && !f->punch_failed_logged) {
+    f->punch_failed_logged = 1;
+    defer_log(dl, SPW_LOG_WARN,
+              "spill file: punching freed space failed (%s): disk space returns at close",
+              strerror(-r));
+  }
+}
+
+/* Punches out the free space that is not a hole yet, so that the file system gets the
+ * blocks back; all free space is then a hole. Holes lie inside free extents (invariant), so
+ * one walk over both sorted lists finds the gaps. Without memory for the hole list nothing
+ * is punched (safe: the space stays reserved). */
 static void sweep(spw_spill_file_t *f, deferred_log_t *dl) {
   f->slack = 0;
   if (f->no_fallocate || ranges_reserve(&f->holes, f->free.n) != SPW_OK) return;
+  size_t h = 0;
   for (size_t i = 0; i < f->free.n; i++) {
-    int r = punch(f, f->free.v[i].off, f->free.v[i].bytes);
-    if (r != 0 && !f->punch_failed_logged) {
-      f->punch_failed_logged = 1;
-      defer_log(dl, SPW_LOG_WARN,
-                "spill file: punching freed space failed (%s): disk space returns at close",
-                strerror(-r));
+    uint64_t at = f->free.v[i].off, end = at + f->free.v[i].bytes;
+    for (; h < f->holes.n && f->holes.v[h].off < end; h++) {
+      if (f->holes.v[h].off > at) punch_logged(f, at, f->holes.v[h].off - at, dl);
+      at = f->holes.v[h].off + f->holes.v[h].bytes;
     }
+    if (at < end) punch_logged(f, at, end - at, dl);
   }
   memcpy(f->holes.v, f->free.v, f->free.n * sizeof f->free.v[0]);
   f->holes.n = f->free.n;

@@ -551,6 +551,37 @@ static void failed_read_in_a_batch_keeps_only_its_buffers_on_disk(void) {
   batch_close(&f); /* those still on disk are read one by one here */
 }
 
+/* 24 MiB on disk prefetched through an 8 MiB budget: the read reserves what room it can,
+ * reads that, and goes on in rounds (the buffers it brought back make room by spilling
+ * again); nothing fails and nothing is lost. */
+static void prefetch_larger_than_the_budget_reads_in_rounds(void) {
+  char dir[PATH_MAX];
+  make_dir(dir, sizeof dir, "disk");
+  spw_runtime_t *rt = disk_runtime(dir, 8 * MIB, 64 * MIB);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  enum { NB = 24 };
+  spw_buf_t b[NB];
+  for (int i = 0; i < NB; i++) {
+    b[i] = filled(rt, s, MIB, 500 + (uint64_t)i);
+    spill_wait(rt, b[i], SPW_TIER_DISK, SPW_STATE_DISK);
+  }
+  const spw_stats_t before = stats_of(rt);
+  ASSERT_OK(spw_prefetch_n(rt, b, NB, s));
+  ASSERT_OK(spw_wait_idle(rt));
+  const spw_stats_t after = stats_of(rt);
+  printf("  %" PRIu64 " disk reads in %" PRIu64 " requests\n", after.disk_reads - before.disk_reads,
+         after.disk_requests - before.disk_requests);
+  ASSERT_UEQ(after.failures, before.failures);
+  ASSERT_UEQ(after.disk_reads, before.disk_reads + NB); /* each read once, in some round */
+  ASSERT_LE(after.device_bytes, 8 * MIB);
+  ASSERT_GE(after.spills - before.spills, 2 * 8); /* two rounds made room for the next */
+  for (int i = 0; i < NB; i++) expect_contents(rt, b[i], s, MIB, 500 + (uint64_t)i);
+  for (int i = 0; i < NB; i++) ASSERT_OK(spw_free(rt, b[i]));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  remove_spill_dir(dir);
+}
+
 /* Skips the whole run (77) when SPILLWAY_IO=uring and the kernel refuses io_uring: the
  * library then reports the disk tier unsupported. Any other failure is a failure. */
 static void skip_if_uring_refused(void) {
@@ -635,6 +666,7 @@ static const spw_test_t tests[] = {
     TEST(acquire_n_reads_disk_buffers_as_one_batch),
     TEST(failed_write_in_a_batch_keeps_only_its_buffers_resident),
     TEST(failed_read_in_a_batch_keeps_only_its_buffers_on_disk),
+    TEST(prefetch_larger_than_the_budget_reads_in_rounds),
     /* Last: it may skip the run (no permission to mount) after the others have passed. */
     TEST(enospc_on_small_tmpfs_keeps_buffers_on_host),
 };

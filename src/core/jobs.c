@@ -43,7 +43,7 @@ static void free_jobs(spw_job_t *list) {
 /* One buffer of a spill request: a demotion runs at once, a spill is claimed into the batch
  * of its tier. A buffer moved meanwhile is left alone. */
 static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victim_t *v,
-                      size_t *nv, spw_victim_t *vd, size_t *nvd) {
+                      size_t *nv, spw_victim_t **vd, size_t *nvd) {
   spw_slot_t *s;
   uint64_t w;
   if (spw__handles_lookup(&rt->handles, h, &s, &w) != SPW_OK) return;
@@ -60,7 +60,7 @@ static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victi
       spw__report_move(rt, h, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, 0, SPW_ERR_LOCKED);
     return;
   }
-  if (tier == SPW_TIER_DISK) vd[(*nvd)++] = one;
+  if (tier == SPW_TIER_DISK) *vd[(*nvd)++] = one;
   else v[(*nv)++] = one;
 }
 
@@ -68,26 +68,26 @@ static void run_spills(spw_runtime_t *rt, spw_job_t *jobs) {
   size_t n = 0;
   for (spw_job_t *l = jobs; l; l = l->next) n += ((job_t *)(void *)l)->n;
   if (n == 0) return;
-  /* Host victims, disk victims, and pointers to the disk victims. */
-  spw_victim_t *v = malloc(2 * n * sizeof *v);
-  spw_victim_t **vdp = malloc(n * sizeof *vdp);
-  if (!v || !vdp) {
+  /* Host victims fill `v` from the front, disk victims from the back (vd[k] points at
+   * v[n - 1 - k]): together they never hold more than n. */
+  spw_victim_t *v = malloc(n * sizeof *v);
+  spw_victim_t **vd = malloc(n * sizeof *vd);
+  if (!v || !vd) {
     free(v);
-    free(vdp);
+    free(vd);
     spw__set_async_error(rt, SPW_ERR_SYSTEM);
     return;
   }
-  spw_victim_t *vd = v + n;
+  for (size_t k = 0; k < n; k++) vd[k] = &v[n - 1 - k];
   size_t nv = 0, nvd = 0;
   for (spw_job_t *l = jobs; l; l = l->next) {
     job_t *j = (job_t *)(void *)l;
     for (size_t i = 0; i < j->n; i++) spill_one(rt, j->hs[i], j->tier, v, &nv, vd, &nvd);
   }
   if (nv > 0) spw__spill_batch(rt, v, nv, SPW_SPILL_EXPLICIT);
-  for (size_t i = 0; i < nvd; i++) vdp[i] = &vd[i];
-  if (nvd > 0) spw__spill_to_disk_n(rt, vdp, nvd, SPW_SPILL_EXPLICIT);
+  if (nvd > 0) spw__spill_to_disk_n(rt, vd, nvd, SPW_SPILL_EXPLICIT);
   free(v);
-  free(vdp);
+  free(vd);
 }
 
 static void run_prefetches(spw_runtime_t *rt, spw_job_t *jobs) {

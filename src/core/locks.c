@@ -160,8 +160,9 @@ int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_t stream, unsigned flag
 void spw__lock_n_prepare(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, unsigned flags) {
   if (n < 2 || (flags & SPW_ACQUIRE_TRY) || spw__in_callback(rt)) return;
   spw_buf_t stack[2 * 64];
-  spw_buf_t *host = n <= 64 ? stack : malloc(2 * n * sizeof *host), *disk = host + n;
+  spw_buf_t *host = n <= 64 ? stack : malloc(2 * n * sizeof *host);
   if (!host) return;
+  spw_buf_t *disk = host + n;
   size_t k = 0, kd = 0;
   for (size_t i = 0; i < n; i++) {
     spw_slot_t *s;
