@@ -18,9 +18,9 @@
  *  - a failed allocation leaves size, the free list and in_use as they were.
  * Space is reserved with fallocate before an extent is handed out, so ENOSPC shows up here
  * and not in the middle of a write. Extents that come back stay reserved, and are reused
- * without a system call, until a grow step of them has come back: then every free extent
- * is punched out at once (the file system gets the blocks back) and becomes a hole, which
- * is reserved again when handed out. Punching each extent as it came back cost a
+ * without a system call, until a grow step of them has come back: then the free space that
+ * is not a hole yet is punched out at once (the file system gets the blocks back), and all
+ * free space is a hole, which is reserved again when handed out. Punching each extent as it came back cost a
  * synchronous discard per buffer read back from disk on file systems mounted with discard,
  * under this mutex; a full file system also sweeps at once, before it reports ENOSPC.
  */
