@@ -250,10 +250,7 @@ static void test_freed_memory_stays_cached_until_trim(void) {
   ASSERT_OK(ops->trim(b));
   ASSERT_OK(ops->mem_info(b, &free0, &total));
   ASSERT_LE(free0, total);
-  if (free0 < 2 * big) {
-    printf("  skipped: too little free device memory\n");
-    return;
-  }
+  TEST_SKIP_IF(free0 < 2 * big, "too little free device memory");
   spw_stream_t s;
   ASSERT_OK(ops->stream_create(b, &s));
   void *p = NULL;

@@ -667,7 +667,6 @@ static const spw_test_t tests[] = {
     TEST(failed_write_in_a_batch_keeps_only_its_buffers_resident),
     TEST(failed_read_in_a_batch_keeps_only_its_buffers_on_disk),
     TEST(prefetch_larger_than_the_budget_reads_in_rounds),
-    /* Last: it may skip the run (no permission to mount) after the others have passed. */
     TEST(enospc_on_small_tmpfs_keeps_buffers_on_host),
 };
 TEST_MAIN_WITH(tests, setup, teardown)

@@ -621,8 +621,7 @@ static void test_ramfs_without_odirect_or_fallocate(const char *dir) {
 }
 
 /* The tests that need small file systems of their own: a tmpfs (real ENOSPC), an ext4 on a
- * loop device, a ramfs (no O_DIRECT, no fallocate). Mounting needs root: skipped without it
- * (last in the table, so the others have run). */
+ * loop device, a ramfs (no O_DIRECT, no fallocate). Mounting needs root: skipped without it. */
 static void full_and_unusual_file_systems(void) {
   char *dir = make_dir();
   if (mount_fs(dir, "tmpfs", "size=8m,mode=0700") != 0) {

@@ -1,12 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The test driver (see test_main.h). */
+/* The test driver (see test_main.h): runs the hooks and the tests, and turns a skip into a
+ * jump back to here (C) or a flag set by TEST()'s wrapper (C++). */
 #include "test_main.h"
 
 #include <inttypes.h>
+#include <pthread.h>
+#include <setjmp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 uint64_t spw_test_seed(void) {
   static uint64_t seed;
@@ -18,6 +22,41 @@ uint64_t spw_test_seed(void) {
     printf("SPW_TEST_SEED=%" PRIu64 "\n", seed);
   }
   return seed;
+}
+
+/* Where a skip lands: set while the driver runs a hook or a test, on the driver's thread
+ * and in the driver's process only. */
+static jmp_buf skip_to;
+static int skip_armed;
+static pthread_t driver_thread;
+static pid_t driver_pid;
+static const char *skip_why; /* the current test's skip reason, or NULL */
+
+static int on_driver(void) {
+  return skip_armed && getpid() == driver_pid && pthread_equal(pthread_self(), driver_thread);
+}
+
+void spw_test_skipped(const char *why) { skip_why = why ? why : "(no reason given)"; }
+
+void spw_test_skip(const char *why) {
+  if (!on_driver()) { /* a worker thread or a forked child: that process ends skipped */
+    printf("SKIP: %s\n", why);
+    fflush(stdout);
+    exit(TEST_SKIP);
+  }
+  spw_test_skipped(why);
+  longjmp(skip_to, 1);
+}
+
+/* Runs fn with skips armed; returns 1 if it skipped (skip_why says why). */
+static int run_armed(void (*fn)(void)) {
+  skip_why = NULL;
+  if (setjmp(skip_to) == 0) {
+    skip_armed = 1;
+    fn();
+  }
+  skip_armed = 0;
+  return skip_why != NULL;
 }
 
 static int wanted(const spw_test_t *t, int argc, char **argv) {
@@ -40,16 +79,32 @@ int spw_test_main(const spw_suite_t *suite, int argc, char **argv) {
       return 1;
     }
   }
-  int ran = 0;
+  driver_thread = pthread_self();
+  driver_pid = getpid();
+  int ran = 0, skipped = 0;
+  const char *all_why = NULL; /* set when `setup` skipped: every test skips with it */
   for (size_t i = 0; i < suite->n; i++) {
-    if (!wanted(&suite->tests[i], argc, argv)) continue;
-    if (ran++ == 0 && suite->setup) suite->setup();
-    if (suite->each) suite->each();
-    printf("%s\n", suite->tests[i].name);
+    const spw_test_t *t = &suite->tests[i];
+    if (!wanted(t, argc, argv)) continue;
+    if (ran++ == 0 && suite->setup && run_armed(suite->setup)) all_why = skip_why;
+    printf("%s\n", t->name);
     fflush(stdout);
-    suite->tests[i].fn();
+    const char *why = all_why;
+    if (!why && suite->each && run_armed(suite->each)) {
+      why = skip_why;
+    } else if (!why) {
+      if (run_armed(t->fn)) why = skip_why;
+      if (suite->after && run_armed(suite->after) && !why) why = skip_why;
+    }
+    if (why) {
+      skipped++;
+      printf("SKIP: %s: %s\n", t->name, why);
+      fflush(stdout);
+    }
   }
-  if (ran && suite->teardown) suite->teardown();
-  printf("ok: %d test%s\n", ran, ran == 1 ? "" : "s");
-  return 0;
+  if (ran && !all_why && suite->teardown) run_armed(suite->teardown);
+  printf("ok: %d test%s", ran, ran == 1 ? "" : "s");
+  if (skipped) printf(", %d skipped", skipped);
+  printf("\n");
+  return (ran > 0 && skipped == ran) ? TEST_SKIP : 0;
 }

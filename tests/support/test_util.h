@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Test support, shared by every test: assertion macros that print the expression and both
- * values, the skip convention (exit 77), runtime creation on the backend CTest chose
+ * values, runtime creation on the backend CTest chose
  * (SPILLWAY_BACKEND=host|cuda; a cuda test without a GPU skips), content patterns, random
  * numbers and time. Only spillway.h: API tests include nothing else of the library. */
 #ifndef SPILLWAY_TESTS_TEST_UTIL_H
@@ -14,8 +14,7 @@
 #include <time.h>
 
 #include "spillway/spillway.h"
-
-#define TEST_SKIP 77
+#include "test_main.h" /* TEST_SKIP_IF */
 
 #define ASSERT_TRUE(expr)                                                                    \
   do {                                                                                       \
@@ -57,14 +56,6 @@
     }                                                                                        \
   } while (0)
 #define ASSERT_OK(call) ASSERT_STATUS(call, SPW_OK)
-
-#define TEST_SKIP_IF(cond, why)                                                              \
-  do {                                                                                       \
-    if (cond) {                                                                              \
-      printf("SKIP: %s\n", why);                                                             \
-      exit(TEST_SKIP);                                                                       \
-    }                                                                                        \
-  } while (0)
 
 /* Sleeps `ms` milliseconds; the monotonic clock in milliseconds. */
 static inline void test_sleep_ms(long ms) {
@@ -116,7 +107,7 @@ static inline spw_backend_kind_t test_backend(void) {
   return (b && strcmp(b, "cuda") == 0) ? SPW_BACKEND_CUDA : SPW_BACKEND_HOST;
 }
 
-/* Creates a runtime on the test's backend with `cfg` (NULL: defaults); skips (exit 77) when
+/* Creates a runtime on the test's backend with `cfg` (NULL: defaults); skips the test when
  * the CUDA backend was asked for and there is no GPU. */
 static inline spw_runtime_t *test_runtime(spw_config_t *cfg) {
   spw_config_t def = SPW_CONFIG_INIT;
