@@ -20,6 +20,7 @@ spw_behaviour_test(test_oversubscribe)
 spw_behaviour_test(test_controller)
 spw_behaviour_test(test_streams)
 spw_behaviour_test(test_trace)
+spw_behaviour_test(test_lifecycle DISK) # runtimes made and destroyed by 10 threads at once
 
 # Behaviour that needs an internal seam to force what is otherwise timing or luck: faults
 # injected through the backend and the I/O layer, interleavings held still in the state
@@ -59,6 +60,6 @@ target_link_options(test_kill PRIVATE -Wl,--wrap=open -Wl,--wrap=open64)
 
 # The configuration fuzzer's corpus, replayed with the normal compiler (tests/fuzz).
 add_executable(fuzz_config_replay fuzz/fuzz_config.c fuzz/config_model.c fuzz/replay.c)
-target_link_libraries(fuzz_config_replay PRIVATE spillway_static spw_flags)
+target_link_libraries(fuzz_config_replay PRIVATE spw_internal spw_flags)
 add_test(NAME fuzz_config_corpus COMMAND fuzz_config_replay ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus)
 set_tests_properties(fuzz_config_corpus PROPERTIES LABELS cpu TIMEOUT 300)
