@@ -18,8 +18,8 @@
  *  - preconditions (valid pointers, live streams and events) are the caller's job: the
  *    runtime validates user input before it reaches this layer.
  */
-#ifndef SPILLWAY_SRC_BACKEND_H
-#define SPILLWAY_SRC_BACKEND_H
+#ifndef SPILLWAY_BACKEND_BACKEND_H
+#define SPILLWAY_BACKEND_BACKEND_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -126,4 +126,4 @@ extern const spw_backend_ops_t spw__backend_host_ops;
 extern const spw_backend_ops_t spw__backend_cuda_ops;
 #endif
 
-#endif /* SPILLWAY_SRC_BACKEND_H */
+#endif /* SPILLWAY_BACKEND_BACKEND_H */

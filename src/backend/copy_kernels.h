@@ -14,8 +14,8 @@
  * Items in a group may have any alignment: the kernel uses 16-byte accesses when source and
  * destination share their alignment modulo 16, narrower ones otherwise.
  */
-#ifndef SPILLWAY_SRC_COPY_KERNELS_H
-#define SPILLWAY_SRC_COPY_KERNELS_H
+#ifndef SPILLWAY_BACKEND_COPY_KERNELS_H
+#define SPILLWAY_BACKEND_COPY_KERNELS_H
 
 #include <stdint.h>
 
@@ -60,4 +60,4 @@ int spw__copy_kernel_probe(int *cuda_err);
 }
 #endif
 
-#endif /* SPILLWAY_SRC_COPY_KERNELS_H */
+#endif /* SPILLWAY_BACKEND_COPY_KERNELS_H */

@@ -8,8 +8,8 @@
  * is allocated and nothing is changed but *out and err; it may run on any thread (getenv
  * races with a concurrent setenv, as everywhere).
  */
-#ifndef SPILLWAY_SRC_CONFIG_H
-#define SPILLWAY_SRC_CONFIG_H
+#ifndef SPILLWAY_CORE_CONFIG_H
+#define SPILLWAY_CORE_CONFIG_H
 
 #include <stddef.h>
 #include <stdint.h>
@@ -53,4 +53,4 @@ int spw__config_resolve(const spw_config_t *cfg, spw_settings_t *out, char *err,
  * (s or out NULL). *out is written only on success. */
 int spw__parse_size(const char *s, uint64_t *out);
 
-#endif /* SPILLWAY_SRC_CONFIG_H */
+#endif /* SPILLWAY_CORE_CONFIG_H */

@@ -16,8 +16,8 @@
  * The fields below `word` are owned by whoever holds `mu`, or by the mover that holds the
  * slot's MOVING flag, for the fields its move reads (see buffer_state.h).
  */
-#ifndef SPILLWAY_SRC_HANDLE_TABLE_H
-#define SPILLWAY_SRC_HANDLE_TABLE_H
+#ifndef SPILLWAY_CORE_HANDLE_TABLE_H
+#define SPILLWAY_CORE_HANDLE_TABLE_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -140,4 +140,4 @@ static inline int spw__handles_lookup(const spw_handle_table_t *t, spw_buf_t h, 
   return SPW_OK;
 }
 
-#endif /* SPILLWAY_SRC_HANDLE_TABLE_H */
+#endif /* SPILLWAY_CORE_HANDLE_TABLE_H */

@@ -13,8 +13,8 @@
  * nested locks appear several times), guarded by the entry's spin lock. Lock order: a slot's
  * mutex may be held while taking a stream's spin lock, never the reverse.
  */
-#ifndef SPILLWAY_SRC_STREAM_TABLE_H
-#define SPILLWAY_SRC_STREAM_TABLE_H
+#ifndef SPILLWAY_CORE_STREAM_TABLE_H
+#define SPILLWAY_CORE_STREAM_TABLE_H
 
 #include <pthread.h>
 #include <stdatomic.h>
@@ -64,4 +64,4 @@ size_t spw__lockmap_reattach(spw_stream_entry_t *e, const spw_buf_t *list, size_
 /* Calls fn for every entry (live or not) of the table, the NULL entry included. */
 void spw__streams_foreach(spw_stream_table_t *t, void (*fn)(spw_stream_entry_t *, void *), void *arg);
 
-#endif /* SPILLWAY_SRC_STREAM_TABLE_H */
+#endif /* SPILLWAY_CORE_STREAM_TABLE_H */

@@ -7,8 +7,8 @@
  * message is one line on stderr, "spillway: warn: text", written with a single call so
  * that lines from concurrent threads never interleave. Thread-safe; errno is preserved.
  */
-#ifndef SPILLWAY_SRC_LOG_H
-#define SPILLWAY_SRC_LOG_H
+#ifndef SPILLWAY_UTIL_LOG_H
+#define SPILLWAY_UTIL_LOG_H
 
 #include "spillway/spillway.h"
 
@@ -32,4 +32,4 @@ void spw__log(const spw_log_t *lg, spw_log_level_t level, const char *fmt, ...)
 /* Whether a message at `level` would be printed: lets callers skip building costly text. */
 int spw__log_enabled(const spw_log_t *lg, spw_log_level_t level);
 
-#endif /* SPILLWAY_SRC_LOG_H */
+#endif /* SPILLWAY_UTIL_LOG_H */

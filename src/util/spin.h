@@ -3,8 +3,8 @@
  * instructions on hot paths (a stream's lock map). An uncontended pair costs two atomic
  * operations, against about twice that for a pthread mutex; contended waiters back off and
  * yield so a preempted holder is not starved. Never held across a call that can block. */
-#ifndef SPILLWAY_SRC_SPIN_H
-#define SPILLWAY_SRC_SPIN_H
+#ifndef SPILLWAY_UTIL_SPIN_H
+#define SPILLWAY_UTIL_SPIN_H
 
 #include <sched.h>
 #include <stdatomic.h>
@@ -31,4 +31,4 @@ static inline void spw__spin_unlock(spw_spin_t *l) {
   atomic_store_explicit(&l->v, 0, memory_order_release);
 }
 
-#endif /* SPILLWAY_SRC_SPIN_H */
+#endif /* SPILLWAY_UTIL_SPIN_H */
