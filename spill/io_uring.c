@@ -32,11 +32,59 @@
 #include <errno.h>
 #include <liburing.h>
 #include <sched.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
 
 #include "io_impl.h"
+
+/* ThreadSanitizer and the rings' memory. liburing maps a ring (io_uring_queue_init) and
+ * unmaps it (io_uring_queue_exit) with raw system calls, not libc's mmap/munmap, so TSan's
+ * interceptors see neither: when a ring of a later runtime is mapped where a destroyed
+ * runtime's ring was, TSan still holds the old ring's accesses at those addresses and
+ * reports them as races with the new ring's (docs/reliability.md, "TSan and the io_uring
+ * rings"). The kernel orders the two: a mapping that reuses an address begins after the
+ * unmapping that freed it. TSan is told exactly that, page by page of a ring's mappings: a
+ * release on each page just before the ring is unmapped, an acquire on each page as soon as
+ * a ring is mapped. Nothing else is hidden: a ring touched after its teardown comes after
+ * the release and is still reported, and so is any race between users of a live ring. */
+#if defined(__SANITIZE_THREAD__)
+#define SPW_TSAN_RINGS 1
+#elif defined(__has_feature)
+#if __has_feature(thread_sanitizer)
+#define SPW_TSAN_RINGS 1
+#endif
+#endif
+
+#ifdef SPW_TSAN_RINGS
+void __tsan_acquire(void *addr); /* <sanitizer/tsan_interface.h> */
+void __tsan_release(void *addr);
+
+static void tsan_pages(void *p, size_t len, int release) {
+  const uintptr_t page = 4096; /* the smallest page: covers any mapping's start */
+  if (!p || len == 0) return;
+  uintptr_t a = (uintptr_t)p & ~(page - 1), end = (uintptr_t)p + len;
+  for (; a < end; a += page) {
+    if (release) __tsan_release((void *)a);
+    else __tsan_acquire((void *)a);
+  }
+}
+
+/* release = 1 before io_uring_queue_exit, 0 after io_uring_queue_init. */
+static void tsan_ring_pages(struct io_uring *ring, int release) {
+  size_t sqe = sizeof(struct io_uring_sqe) << ((ring->flags & IORING_SETUP_SQE128) ? 1 : 0);
+  tsan_pages(ring->sq.ring_ptr, ring->sq.ring_sz, release);
+  if (ring->cq.ring_ptr != ring->sq.ring_ptr) /* no IORING_FEAT_SINGLE_MMAP */
+    tsan_pages(ring->cq.ring_ptr, ring->cq.ring_sz, release);
+  tsan_pages(ring->sq.sqes, sqe * ring->sq.ring_entries, release);
+}
+#else
+static void tsan_ring_pages(struct io_uring *ring, int release) {
+  (void)ring;
+  (void)release;
+}
+#endif
 
 typedef struct uring_impl {
   struct io_uring ring;
@@ -204,6 +252,7 @@ static void uring_shutdown(spw_io_t *io) {
   while (atomic_load(&u->busy) > 0)
     if (process_cqes(io, u) == 0) wait_one(u);
   pthread_mutex_unlock(&u->cq_mu);
+  tsan_ring_pages(&u->ring, 1);
   io_uring_queue_exit(&u->ring); /* also drops the registered file and buffers */
   uring_free(u);
   io->impl = NULL;
@@ -242,6 +291,7 @@ int spw__io_uring_open(spw_io_t *io, int *why) {
     uring_free(u);
     return refused(-ret) ? SPW_ERR_UNSUPPORTED : SPW_ERR_SYSTEM;
   }
+  tsan_ring_pages(&u->ring, 0);
   u->ext_arg = (prm.features & IORING_FEAT_EXT_ARG) != 0;
   u->slots = u->ring.sq.ring_entries < io->depth ? u->ring.sq.ring_entries : io->depth;
   atomic_init(&u->busy, 0);
