@@ -24,7 +24,8 @@ import atexit as _atexit
 from . import _spillway
 from ._errors import *  # noqa: F401,F403
 from ._errors import __all__ as _errors_all
-from ._runtime import Backend, Buffer, Runtime, State, Stats, Stream, StreamLike, Tier, parse_size
+from ._runtime import Runtime, Stream, parse_size
+from ._types import Backend, Buffer, State, Stats, StreamLike, Tier
 from .array import DeferrableArray, DeviceView, ReadOnly
 from .controller import Controller, HandleInfo, StateEvent
 

@@ -7,114 +7,22 @@ their Pythonic surface: keyword configuration, enums, a context manager, typed s
 """
 from __future__ import annotations
 
-import dataclasses
-import enum
-import re
+import inspect
 import threading
 from typing import Iterable, Optional, Union
 
 from . import _spillway as _c
 from ._errors import error_class
+from ._types import Backend, Buffer, State, Stats, StreamLike, Tier
+from .controller import Controller, _install, _installed
 
-Buffer = _c.Buffer
+__all__ = ["Runtime", "Stream", "parse_size", "Backend", "Buffer", "State", "Stats",
+           "StreamLike", "Tier"]
 
-#: Anything accepted where a stream is expected: ``None`` (the default stream), an integer
-#: handle (``cudaStream_t``), or an object with ``__cuda_stream__`` (cuda.core, CuPy,
-#: PyTorch), ``.cuda_stream`` (PyTorch), ``.ptr`` (CuPy) or ``.handle`` (Numba).
-StreamLike = Union[None, int, object]
-
-
-class Backend(enum.IntEnum):
-    CUDA = _c.BACKEND_CUDA
-    HOST = _c.BACKEND_HOST
-
-
-class Tier(enum.IntEnum):
-    DEVICE = 0
-    HOST = 1
-    DISK = 2
-
-
-class State(enum.IntEnum):
-    RESIDENT = 1
-    SPILLING = 2
-    HOST = 3
-    DEMOTING = 4
-    DISK = 5
-    UNSPILLING = 6
-
-
-_BACKENDS = {None: 0, "auto": 0, "cuda": 1, "host": 2}
-_IO = {None: 0, "auto": 0, "uring": 1, "posix": 2}
-_LOG = {None: 0, "off": 1, "error": 2, "warn": 3, "info": 4, "debug": 5}
-_UNITS = {"": 0, "b": 0, "k": 10, "kb": 10, "kib": 10, "m": 20, "mb": 20, "mib": 20,
-          "g": 30, "gb": 30, "gib": 30, "t": 40, "tb": 40, "tib": 40}
-_SIZE = re.compile(r"^\s*(\d+)(?:\.(\d*))?\s*([a-zA-Z]*)\s*$")
-
-
-def parse_size(value: Union[int, str, None]) -> int:
-    """Bytes from an int or a size string with the SPILLWAY_* syntax (``"1.5GiB"``, ``"512M"``;
-    every unit binary). None gives 0 (unset)."""
-    if value is None:
-        return 0
-    if isinstance(value, bool):
-        raise TypeError("a size must be an int or a string, not bool")
-    if isinstance(value, int):
-        if value < 0:
-            raise ValueError(f"a size cannot be negative: {value}")
-        return value
-    m = _SIZE.match(str(value))
-    unit = m and m.group(3).lower()
-    if not m or unit not in _UNITS or (_UNITS[unit] == 0 and (m.group(2) or "").strip("0")):
-        raise ValueError(f"{value!r}: expected bytes, e.g. 4GiB, 512MiB or 1048576")
-    frac = m.group(2) or ""
-    mult = 1 << _UNITS[unit]
-    return int(m.group(1)) * mult + (int(frac) * mult // 10 ** len(frac) if frac else 0)
-
-
-def _keyword(table: dict, name: str, value: Optional[str]) -> int:
-    key = value.lower() if isinstance(value, str) else value
-    if key not in table:
-        choices = ", ".join(repr(k) for k in table if k is not None)
-        raise ValueError(f"{name}={value!r}: expected one of {choices}")
-    return table[key]
-
-
-@dataclasses.dataclass(frozen=True)
-class Stats:
-    """A snapshot of ``spw_get_stats`` (docs/api.md, Statistics). Counters are read without
-    a lock, so the fields are not one atomic snapshot."""
-
-    buffers: int
-    device_bytes: int
-    host_bytes: int
-    disk_bytes: int
-    locked_bytes: int
-    device_limit: int
-    host_pinned_bytes: int
-    spills: int
-    spill_bytes: int
-    unspills: int
-    unspill_bytes: int
-    demotions: int
-    demote_bytes: int
-    disk_reads: int
-    disk_read_bytes: int
-    disk_writes: int
-    disk_write_bytes: int
-    spills_on_demand: int
-    spills_background: int
-    spills_abandoned: int
-    clean_respills: int
-    failures: int
-    spill_ns: int
-    unspill_ns: int
-    demote_ns: int
-    disk_read_ns: int
-    disk_requests: int
-
-
-assert tuple(f.name for f in dataclasses.fields(Stats)) == _c.STATS_FIELDS
+#: Bytes from None (0, unset), an int in [0, 2**64-1] or a string in the SPILLWAY_* size
+#: syntax ("1.5GiB", "512 k"): spw_parse_size itself. ConfigError (a ValueError) for a
+#: value out of range or a string it rejects, TypeError for another type.
+parse_size = _c.parse_size
 
 
 class Stream:
@@ -197,13 +105,9 @@ class Runtime(_c.RuntimeBase):
         # runtime alive until the cyclic collector runs).
         self._streams_lock = threading.Lock()
         self._streams: set = set()
-        super().__init__(int(device or 0), _keyword(_BACKENDS, "backend", backend),
-                         parse_size(device_limit), parse_size(host_limit),
-                         parse_size(disk_limit), None if spill_dir is None else str(spill_dir),
-                         _keyword(_IO, "io", io), float(high_watermark or 0.0),
-                         float(low_watermark or 0.0), _keyword(_LOG, "log_level", log_level),
-                         parse_size(host_device_bytes), bool(ignore_env),
-                         None if trace is None else str(trace), parse_size(trace_max))
+        # Every parameter is a configuration field, handed to C by name (CONFIG_FIELDS).
+        config = {name: value for name, value in locals().items() if name in _CONFIG}
+        super().__init__(**config)
 
     # -- properties ------------------------------------------------------------------
     @property
@@ -245,19 +149,14 @@ class Runtime(_c.RuntimeBase):
 
     def spill(self, buffers: Union[Buffer, Iterable[Buffer]], tier: Tier = Tier.HOST) -> None:
         """Asks the engine to move unlocked buffers down to `tier`, as one batch. Returns at
-        once; wait_idle() waits for the moves."""
-        if isinstance(buffers, Buffer):
-            buffers.spill(int(tier))
-        else:
-            self.spill_n(list(buffers), int(tier))
+        once; wait_idle() waits for the moves. One buffer is a batch of one: every check
+        (type, runtime, freed) is the list form's."""
+        self.spill_n([buffers] if isinstance(buffers, Buffer) else list(buffers), tier)
 
     def prefetch(self, buffers: Union[Buffer, Iterable[Buffer]],
                  stream: StreamLike = None) -> None:
         """Starts bringing buffers back to the device, as one batch, without locking them."""
-        if isinstance(buffers, Buffer):
-            buffers.prefetch(stream)
-        else:
-            self.prefetch_n(list(buffers), stream)
+        self.prefetch_n([buffers] if isinstance(buffers, Buffer) else list(buffers), stream)
 
     def stats(self) -> Stats:
         return Stats(*self._stats())
@@ -272,17 +171,15 @@ class Runtime(_c.RuntimeBase):
         return cls(f"{_c.err_name(st)}: {_c.strerror(st)} (background work)", st, "")
 
     # -- controller ------------------------------------------------------------------
-    def set_controller(self, controller) -> None:
+    def set_controller(self, controller: Optional[Controller]) -> None:
         """Installs a :class:`spillway.Controller` (None removes it). Its methods are told
         of every allocation, free and move, and it chooses the victims when device memory is
         short; see spillway.controller for the rules."""
-        from .controller import _install
         _install(self, controller)
 
     @property
-    def controller(self):
+    def controller(self) -> Optional[Controller]:
         """The installed :class:`spillway.Controller`, or None."""
-        from .controller import _installed
         return _installed(self)
 
     # -- lifetime --------------------------------------------------------------------
@@ -310,3 +207,10 @@ class Runtime(_c.RuntimeBase):
         if self.closed:
             return "<spillway.Runtime closed>"
         return f"<spillway.Runtime {self.backend.name.lower()}: {self.summary()}>"
+
+
+# The keywords of Runtime(...) are the configuration fields the extension reads, no more.
+_CONFIG = frozenset(_c.CONFIG_FIELDS)
+if tuple(inspect.signature(Runtime.__init__).parameters)[1:] != _c.CONFIG_FIELDS:
+    raise ImportError("spillway: Runtime's keywords differ from the extension's CONFIG_FIELDS "
+                      "(rebuild the extension)")

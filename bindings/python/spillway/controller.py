@@ -45,11 +45,15 @@ import functools
 import logging
 import threading
 import weakref
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Type, Union
+from typing import (TYPE_CHECKING, Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Type,
+                    Union)
 
 from . import _spillway as _c
 from ._errors import SpillwayError, WouldDeadlockError, error_class
-from ._runtime import Buffer, Runtime, State, Stats, StreamLike, Tier
+from ._types import Buffer, State, Stats, StreamLike, Tier
+
+if TYPE_CHECKING:  # for annotations only: spillway._runtime imports this module
+    from ._runtime import Runtime
 
 __all__ = ["Controller", "StateEvent", "HandleInfo", "flush"]
 
@@ -89,14 +93,17 @@ class HandleInfo(NamedTuple):
 
 
 def _handle_of(v: Any) -> int:
-    if isinstance(v, int):
+    """The handle of a buffer named by its handle (an int), a Buffer, or a DeferrableArray
+    (anything with a ``buffer`` that is a Buffer). TypeError for anything else."""
+    if isinstance(v, int) and not isinstance(v, bool):
         return v
     if isinstance(v, Buffer):
         return v.handle
     buf = getattr(v, "buffer", None)  # DeferrableArray
     if isinstance(buf, Buffer):
         return buf.handle
-    return int(v.handle)
+    raise TypeError(f"expected a buffer handle (int), a spillway.Buffer or a DeferrableArray, "
+                    f"not {type(v).__name__}")
 
 
 class Controller:
@@ -145,7 +152,7 @@ class Controller:
         return HandleInfo(State(st), Tier(tier), locks, n)
 
     def stats(self) -> Stats:
-        return self.runtime.stats()
+        return Stats(*self.runtime._stats())
 
     @property
     def errors(self) -> Dict[Tuple[str, str], int]:

@@ -24,7 +24,8 @@ int spwpy_buffer_handle(PyObject *obj, spwpy_runtime_t *r, spw_buf_t *out) {
   }
   spwpy_buffer_t *b = B(obj);
   if (b->owner != r) {
-    PyErr_SetString(PyExc_ValueError, "the buffer belongs to another runtime");
+    /* As Spillway answers another runtime's handle (docs/api.md), whichever call names it. */
+    spwpy_raise_detail(SPW_ERR_INVALID_HANDLE, "the buffer belongs to another runtime");
     return -1;
   }
   if (b->freed) {
@@ -33,6 +34,20 @@ int spwpy_buffer_handle(PyObject *obj, spwpy_runtime_t *r, spw_buf_t *out) {
   }
   *out = b->h;
   return 0;
+}
+
+PyObject *spwpy_buffer_new(spwpy_runtime_t *r, spw_buf_t h, size_t size) {
+  spwpy_buffer_t *b = (spwpy_buffer_t *)spwpy_alloc(spwpy_buffer_type);
+  if (!b) {
+    (void)spw_free(r->rt, h);
+    return NULL;
+  }
+  Py_INCREF(r);
+  b->owner = r;
+  b->h = h;
+  b->size = size;
+  b->freed = 0;
+  return (PyObject *)b;
 }
 
 /* Checks that the buffer and its runtime are alive; sets the exception otherwise. */
@@ -78,6 +93,19 @@ static int parse_stream_read(PyObject *const *args, Py_ssize_t nargs, PyObject *
   return spwpy_stream_from(sobj, stream);
 }
 
+/* The hot pair's fast path: an exact int handle in range. Anything else (and a failed
+ * conversion, whose error is dropped) goes to the checked parser, which raises properly. */
+static int fast_stream(PyObject *obj, spw_stream_t *s) {
+  if (!PyLong_CheckExact(obj)) return 0;
+  unsigned long long x = PyLong_AsUnsignedLongLong(obj);
+  if (x == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyErr_Clear();
+    return 0;
+  }
+  *s = x == 1 ? NULL : (spw_stream_t)(uintptr_t)x; /* 1: cudaStreamLegacy, as common.c */
+  return 1;
+}
+
 static PyObject *buffer_acquire(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                 PyObject *kwnames) {
   spwpy_buffer_t *b = B(self);
@@ -85,11 +113,8 @@ static PyObject *buffer_acquire(PyObject *self, PyObject *const *args, Py_ssize_
   int read = 0;
   if (nargs == 0 && !kwnames) {
     /* acquire(): the default stream */
-  } else if (nargs == 1 && !kwnames && PyLong_Check(args[0])) {
-    unsigned long long x = PyLong_AsUnsignedLongLong(args[0]);
-    if (x == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    s = x == 1 ? NULL : (spw_stream_t)(uintptr_t)x; /* 1: cudaStreamLegacy, as module.c */
-  } else if (parse_stream_read(args, nargs, kwnames, "acquire", &s, &read) < 0) {
+  } else if (!(nargs == 1 && !kwnames && fast_stream(args[0], &s)) &&
+             parse_stream_read(args, nargs, kwnames, "acquire", &s, &read) < 0) {
     return NULL;
   }
   if (!usable(b)) return NULL;
@@ -103,13 +128,9 @@ static PyObject *buffer_release(PyObject *self, PyObject *const *args, Py_ssize_
                                 PyObject *kwnames) {
   spwpy_buffer_t *b = B(self);
   spw_stream_t s = NULL;
-  if (nargs == 1 && !kwnames && PyLong_Check(args[0])) {
-    unsigned long long x = PyLong_AsUnsignedLongLong(args[0]);
-    if (x == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
-    s = x == 1 ? NULL : (spw_stream_t)(uintptr_t)x;
-  } else if ((nargs || kwnames) && parse_stream_read(args, nargs, kwnames, "release", &s, NULL) < 0) {
+  if ((nargs || kwnames) && !(nargs == 1 && !kwnames && fast_stream(args[0], &s)) &&
+      parse_stream_read(args, nargs, kwnames, "release", &s, NULL) < 0)
     return NULL;
-  }
   if (!b->owner->rt) return spwpy_raise_closed();
   /* A freed buffer's holders may still release their locks (spw_free's contract). */
   int st = spw_release(b->owner->rt, b->h, s);
@@ -134,7 +155,7 @@ static PyObject *buffer_lock(PyObject *self, PyObject *const *args, Py_ssize_t n
   spw_stream_t s = NULL;
   int read = 0;
   if (parse_stream_read(args, nargs, kwnames, "lock", &s, &read) < 0) return NULL;
-  spwpy_lock_t *l = PyObject_New(spwpy_lock_t, spwpy_lock_type);
+  spwpy_lock_t *l = (spwpy_lock_t *)spwpy_alloc(spwpy_lock_type);
   if (!l) return NULL;
   Py_INCREF(self);
   l->buf = b;
@@ -147,12 +168,18 @@ static PyObject *buffer_lock(PyObject *self, PyObject *const *args, Py_ssize_t n
 static PyObject *buffer_spill(PyObject *self, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"tier", NULL};
   spwpy_buffer_t *b = B(self);
-  int tier = SPW_TIER_HOST;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|i", kwlist, &tier)) return NULL;
+  PyObject *tobj = NULL;
+  spw_tier_t tier = SPW_TIER_HOST;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "|O", kwlist, &tobj)) return NULL;
+  if (tobj && spwpy_tier_from(tobj, &tier) < 0) return NULL;
   if (!usable(b)) return NULL;
-  int st = spw_spill(b->owner->rt, b->h, (spw_tier_t)tier);
+  int st = spw_spill(b->owner->rt, b->h, tier);
   if (st != SPW_OK) return spwpy_raise(b->owner->rt, st);
   Py_RETURN_NONE;
+}
+
+static int prefetch_op(spwpy_runtime_t *r, spw_stream_t s, void *h) {
+  return spw_prefetch(r->rt, *(spw_buf_t *)h, s);
 }
 
 static PyObject *buffer_prefetch(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
@@ -161,9 +188,7 @@ static PyObject *buffer_prefetch(PyObject *self, PyObject *const *args, Py_ssize
   spw_stream_t s = NULL;
   if (parse_stream_read(args, nargs, kwnames, "prefetch", &s, NULL) < 0) return NULL;
   if (!usable(b)) return NULL;
-  int st = spw_prefetch(b->owner->rt, b->h, s);
-  if (st == SPW_ERR_INVALID_STREAM && spwpy_stream_adopt(b->owner, s, st))
-    st = spw_prefetch(b->owner->rt, b->h, s);
+  int st = spwpy_on_stream(b->owner, s, prefetch_op, &b->h, 0);
   if (st != SPW_OK) return spwpy_raise(b->owner->rt, st);
   Py_RETURN_NONE;
 }
@@ -237,12 +262,17 @@ static PyObject *buffer_repr(PyObject *self) {
 
 static void buffer_dealloc(PyObject *self) {
   spwpy_buffer_t *b = B(self);
-  PyTypeObject *tp = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
   /* spw_free never waits: safe from any finalizer, at exit too. */
-  if (!b->freed && b->owner->rt) (void)spw_free(b->owner->rt, b->h);
-  Py_DECREF(b->owner);
-  PyObject_Free(self);
-  Py_DECREF(tp);
+  if (b->owner && !b->freed && b->owner->rt) (void)spw_free(b->owner->rt, b->h);
+  Py_CLEAR(b->owner);
+  spwpy_free(self);
+}
+
+static int buffer_traverse(PyObject *self, visitproc visit, void *arg) {
+  Py_VISIT(B(self)->owner);
+  Py_VISIT(Py_TYPE(self));
+  return 0;
 }
 
 static PyMethodDef buffer_methods[] = {
@@ -281,6 +311,7 @@ static PyGetSetDef buffer_getset[] = {
 
 static PyType_Slot buffer_slots[] = {
     {Py_tp_dealloc, buffer_dealloc},
+    {Py_tp_traverse, buffer_traverse},
     {Py_tp_methods, buffer_methods},
     {Py_tp_getset, buffer_getset},
     {Py_tp_repr, buffer_repr},
@@ -289,7 +320,8 @@ static PyType_Slot buffer_slots[] = {
 };
 
 static PyType_Spec buffer_spec = {
-    "spillway.Buffer", sizeof(spwpy_buffer_t), 0, Py_TPFLAGS_DEFAULT, buffer_slots,
+    "spillway.Buffer", sizeof(spwpy_buffer_t), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION, buffer_slots,
 };
 
 /* --- Lock ---------------------------------------------------------------------------- */
@@ -321,12 +353,17 @@ static PyObject *lock_exit(PyObject *self, PyObject *args) {
 
 static void lock_dealloc(PyObject *self) {
   spwpy_lock_t *l = L(self);
-  PyTypeObject *tp = Py_TYPE(self);
-  if (l->held && l->buf->owner->rt)
+  PyObject_GC_UnTrack(self);
+  if (l->buf && l->held && l->buf->owner->rt)
     (void)spw_release_n_async(l->buf->owner->rt, &l->buf->h, 1, l->stream);
-  Py_DECREF(l->buf);
-  PyObject_Free(self);
-  Py_DECREF(tp);
+  Py_CLEAR(l->buf);
+  spwpy_free(self);
+}
+
+static int lock_traverse(PyObject *self, visitproc visit, void *arg) {
+  Py_VISIT(L(self)->buf);
+  Py_VISIT(Py_TYPE(self));
+  return 0;
 }
 
 static PyMethodDef lock_methods[] = {
@@ -337,22 +374,18 @@ static PyMethodDef lock_methods[] = {
 
 static PyType_Slot lock_slots[] = {
     {Py_tp_dealloc, lock_dealloc},
+    {Py_tp_traverse, lock_traverse},
     {Py_tp_methods, lock_methods},
     {Py_tp_doc, "Retrieve-and-lock as a context manager (Buffer.lock)."},
     {0, NULL},
 };
 
 static PyType_Spec lock_spec = {
-    "spillway.Lock", sizeof(spwpy_lock_t), 0, Py_TPFLAGS_DEFAULT, lock_slots,
+    "spillway.Lock", sizeof(spwpy_lock_t), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION, lock_slots,
 };
 
 int spwpy_buffer_init_type(PyObject *m) {
-  spwpy_buffer_type = (PyTypeObject *)PyType_FromSpec(&buffer_spec);
-  if (!spwpy_buffer_type) return -1;
-  Py_INCREF(spwpy_buffer_type);
-  if (PyModule_AddObject(m, "Buffer", (PyObject *)spwpy_buffer_type) < 0) return -1;
-  spwpy_lock_type = (PyTypeObject *)PyType_FromSpec(&lock_spec);
-  if (!spwpy_lock_type) return -1;
-  Py_INCREF(spwpy_lock_type);
-  return PyModule_AddObject(m, "Lock", (PyObject *)spwpy_lock_type);
+  if (spwpy_add_type(m, &buffer_spec, NULL, "Buffer", &spwpy_buffer_type) < 0) return -1;
+  return spwpy_add_type(m, &lock_spec, NULL, "Lock", &spwpy_lock_type);
 }

@@ -30,8 +30,6 @@
 
 #include "binding.h"
 
-_Thread_local int spwpy_in_callback;
-
 /* Set once by _controller_shutdown: no trampoline enters Python from then on. */
 static atomic_int no_python;
 /* Trampolines that may be inside Python (or about to check no_python). */
@@ -57,8 +55,6 @@ typedef struct spwpy_link {
   PyObject *pressure; /* callable(bytes_needed, max) -> list of handles, or NULL; set and
                          read under the GIL */
 } spwpy_link_t;
-
-PyTypeObject *spwpy_link_type;
 
 #define LINK(o) ((spwpy_link_t *)(o))
 
@@ -160,16 +156,27 @@ static PyObject *link_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
 
 static void link_dealloc(PyObject *self) {
   spwpy_link_t *l = LINK(self);
-  PyTypeObject *tp = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
   /* Only reached once no runtime refers to the link: its runtime was destroyed (no callback
    * can run) or never used it. */
   Py_CLEAR(l->pressure);
   free(l->q);
   pthread_cond_destroy(&l->cv);
   pthread_mutex_destroy(&l->mu);
-  freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
-  tp_free(self);
-  Py_DECREF(tp);
+  spwpy_free(self);
+}
+
+/* The pressure callable is a bound method of the package's _Link, which holds this link:
+ * a cycle, broken here. A pressure call in flight holds its own reference (tr_pressure). */
+static int link_traverse(PyObject *self, visitproc visit, void *arg) {
+  Py_VISIT(LINK(self)->pressure);
+  Py_VISIT(Py_TYPE(self));
+  return 0;
+}
+
+static int link_clear(PyObject *self) {
+  Py_CLEAR(LINK(self)->pressure);
+  return 0;
 }
 
 static PyObject *event_tuple(const event_t *e) {
@@ -193,6 +200,7 @@ static PyObject *link_take(PyObject *self, PyObject *args) {
   double timeout;
   if (!PyArg_ParseTuple(args, "nd", &max, &timeout)) return NULL;
   if (max <= 0) max = 1;
+  if (max > QUEUE_MAX) max = QUEUE_MAX;
   event_t *got = malloc((size_t)max * sizeof *got);
   if (!got) return PyErr_NoMemory();
   size_t n = 0;
@@ -225,11 +233,10 @@ static PyObject *link_take(PyObject *self, PyObject *args) {
   PyObject *list = PyList_New((Py_ssize_t)n);
   for (size_t i = 0; list && i < n; i++) {
     PyObject *t = event_tuple(&got[i]);
-    if (!t) {
+    if (!t || PyList_SetItem(list, (Py_ssize_t)i, t) < 0) {
       Py_CLEAR(list);
       break;
     }
-    PyList_SetItem(list, (Py_ssize_t)i, t);
   }
   free(got);
   return list;
@@ -289,6 +296,8 @@ static PyGetSetDef link_getset[] = {
 static PyType_Slot link_slots[] = {
     {Py_tp_new, link_new},
     {Py_tp_dealloc, link_dealloc},
+    {Py_tp_traverse, link_traverse},
+    {Py_tp_clear, link_clear},
     {Py_tp_methods, link_methods},
     {Py_tp_getset, link_getset},
     {Py_tp_doc, "The queue and trampolines between a Runtime's C controller and Python."},
@@ -296,7 +305,8 @@ static PyType_Slot link_slots[] = {
 };
 
 static PyType_Spec link_spec = {
-    "spillway._spillway.ControllerLink", sizeof(spwpy_link_t), 0, Py_TPFLAGS_DEFAULT, link_slots,
+    "spillway._spillway.ControllerLink", sizeof(spwpy_link_t), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC, link_slots,
 };
 
 /* ---- Runtime methods and module functions --------------------------------------------- */
@@ -360,13 +370,12 @@ static int handles_from(PyObject *seq, spw_buf_t **out, size_t *n) {
   }
   for (Py_ssize_t i = 0; i < len; i++) {
     PyObject *it = PySequence_GetItem(seq, i);
-    unsigned long long v = it ? PyLong_AsUnsignedLongLong(it) : (unsigned long long)-1;
+    int rc = it ? spwpy_handle_from(it, &h[i]) : -1;
     Py_XDECREF(it);
-    if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+    if (rc < 0) {
       free(h);
       return -1;
     }
-    h[i] = (spw_buf_t)v;
   }
   *out = h;
   *n = (size_t)len;
@@ -377,17 +386,28 @@ static int handles_from(PyObject *seq, spw_buf_t **out, size_t *n) {
  * spw_prefetch_n on raw handles (a controller knows buffers by handle). Never wait. */
 PyObject *spwpy_runtime_spill_handles(PyObject *self, PyObject *args) {
   spwpy_runtime_t *r = (spwpy_runtime_t *)self;
-  PyObject *seq;
-  int tier;
-  if (!PyArg_ParseTuple(args, "Oi", &seq, &tier)) return NULL;
+  PyObject *seq, *tobj;
+  spw_tier_t tier;
+  if (!PyArg_ParseTuple(args, "OO", &seq, &tobj)) return NULL;
+  if (spwpy_tier_from(tobj, &tier) < 0) return NULL;
   if (!r->rt) return spwpy_raise_closed();
   spw_buf_t *h;
   size_t n;
   if (handles_from(seq, &h, &n) < 0) return NULL;
-  int st = n ? spw_spill_n(r->rt, h, n, (spw_tier_t)tier) : SPW_OK;
+  int st = n ? spw_spill_n(r->rt, h, n, tier) : SPW_OK;
   free(h);
   if (st != SPW_OK) return spwpy_raise(r->rt, st);
   Py_RETURN_NONE;
+}
+
+typedef struct handles {
+  const spw_buf_t *h;
+  size_t n;
+} handles_t;
+
+static int prefetch_n_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
+  handles_t *a = ctx;
+  return spw_prefetch_n(r->rt, a->h, a->n, s);
 }
 
 PyObject *spwpy_runtime_prefetch_handles(PyObject *self, PyObject *args) {
@@ -400,8 +420,8 @@ PyObject *spwpy_runtime_prefetch_handles(PyObject *self, PyObject *args) {
   spw_buf_t *h;
   size_t n;
   if (handles_from(seq, &h, &n) < 0) return NULL;
-  int st = n ? spw_prefetch_n(r->rt, h, n, s) : SPW_OK;
-  if (st == SPW_ERR_INVALID_STREAM && spwpy_stream_adopt(r, s, st)) st = spw_prefetch_n(r->rt, h, n, s);
+  handles_t a = {h, n};
+  int st = n ? spwpy_on_stream(r, s, prefetch_n_op, &a, 0) : SPW_OK;
   free(h);
   if (st != SPW_OK) return spwpy_raise(r->rt, st);
   Py_RETURN_NONE;
@@ -410,10 +430,9 @@ PyObject *spwpy_runtime_prefetch_handles(PyObject *self, PyObject *args) {
 /* Runtime._handle_info(handle) -> (state, tier, lock_count, size). */
 PyObject *spwpy_runtime_handle_info(PyObject *self, PyObject *arg) {
   spwpy_runtime_t *r = (spwpy_runtime_t *)self;
-  unsigned long long v = PyLong_AsUnsignedLongLong(arg);
-  if (v == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  spw_buf_t h;
+  if (spwpy_handle_from(arg, &h) < 0) return NULL;
   if (!r->rt) return spwpy_raise_closed();
-  spw_buf_t h = (spw_buf_t)v;
   spw_state_t state;
   spw_tier_t tier;
   uint32_t locks;
@@ -464,9 +483,6 @@ static PyMethodDef controller_functions[] = {
 };
 
 int spwpy_controller_init(PyObject *m) {
-  spwpy_link_type = (PyTypeObject *)PyType_FromSpec(&link_spec);
-  if (!spwpy_link_type) return -1;
-  Py_INCREF(spwpy_link_type);
-  if (PyModule_AddObject(m, "ControllerLink", (PyObject *)spwpy_link_type) < 0) return -1;
+  if (spwpy_add_type(m, &link_spec, NULL, "ControllerLink", &spwpy_link_type) < 0) return -1;
   return PyModule_AddFunctions(m, controller_functions);
 }

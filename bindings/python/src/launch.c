@@ -66,14 +66,19 @@ static int locks_push(spwpy_launch_locks_t *l, spw_buf_t h) {
 
 static void locks_dealloc(PyObject *self) {
   spwpy_launch_locks_t *l = LL(self);
-  PyTypeObject *tp = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
   /* The launch raised before numba ran `retr`: release what was acquired for it, after
    * whatever reached the stream. Never waits, so it is safe from any deallocation. */
-  (void)locks_release(l);
+  if (l->owner) (void)locks_release(l);
   if (l->bufs != l->inline_bufs) free(l->bufs);
-  Py_DECREF(l->owner);
-  PyObject_Free(self);
-  Py_DECREF(tp);
+  Py_CLEAR(l->owner);
+  spwpy_free(self);
+}
+
+static int locks_traverse(PyObject *self, visitproc visit, void *arg) {
+  Py_VISIT(LL(self)->owner);
+  Py_VISIT(Py_TYPE(self));
+  return 0;
 }
 
 static PyObject *locks_get_count(PyObject *self, void *c) { return PyLong_FromSize_t(LL(self)->n); }
@@ -91,6 +96,7 @@ static PyGetSetDef locks_getset[] = {
 
 static PyType_Slot locks_slots[] = {
     {Py_tp_dealloc, locks_dealloc},
+    {Py_tp_traverse, locks_traverse},
     {Py_tp_call, locks_call},
     {Py_tp_getset, locks_getset},
     {Py_tp_doc, "The locks one launch took on one stream; calling it releases them once the "
@@ -99,7 +105,8 @@ static PyType_Slot locks_slots[] = {
 };
 
 static PyType_Spec locks_spec = {
-    "spillway.LaunchLocks", sizeof(spwpy_launch_locks_t), 0, Py_TPFLAGS_DEFAULT, locks_slots,
+    "spillway.LaunchLocks", sizeof(spwpy_launch_locks_t), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION, locks_slots,
 };
 
 /* --- LaunchView ------------------------------------------------------------------------ */
@@ -114,16 +121,27 @@ typedef struct spwpy_launch_view {
 
 static void view_dealloc(PyObject *self) {
   spwpy_launch_view_t *v = LV(self);
-  PyTypeObject *tp = Py_TYPE(self);
-  Py_XDECREF(v->ptr);
-  Py_XDECREF(v->shape);
-  Py_XDECREF(v->dtype);
-  Py_XDECREF(v->size);
-  Py_XDECREF(v->layout);
-  Py_XDECREF(v->strides);
-  Py_XDECREF(v->keep);
-  PyObject_Free(self);
-  Py_DECREF(tp);
+  PyObject_GC_UnTrack(self);
+  Py_CLEAR(v->ptr);
+  Py_CLEAR(v->shape);
+  Py_CLEAR(v->dtype);
+  Py_CLEAR(v->size);
+  Py_CLEAR(v->layout);
+  Py_CLEAR(v->strides);
+  Py_CLEAR(v->keep);
+  spwpy_free(self);
+}
+
+static int view_traverse(PyObject *self, visitproc visit, void *arg) {
+  spwpy_launch_view_t *v = LV(self);
+  Py_VISIT(v->shape);
+  Py_VISIT(v->dtype);
+  Py_VISIT(v->size);
+  Py_VISIT(v->layout);
+  Py_VISIT(v->strides);
+  Py_VISIT(v->keep);
+  Py_VISIT(Py_TYPE(self));
+  return 0;
 }
 
 #define VIEW_GETTER(name, field)                                                             \
@@ -172,13 +190,15 @@ static PyGetSetDef view_getset[] = {
 
 static PyType_Slot view_slots[] = {
     {Py_tp_dealloc, view_dealloc},
+    {Py_tp_traverse, view_traverse},
     {Py_tp_getset, view_getset},
     {Py_tp_doc, "A locked deferrable array as one kernel launch sees it."},
     {0, NULL},
 };
 
 static PyType_Spec view_spec = {
-    "spillway.LaunchView", sizeof(spwpy_launch_view_t), 0, Py_TPFLAGS_DEFAULT, view_slots,
+    "spillway.LaunchView", sizeof(spwpy_launch_view_t), 0,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_HAVE_GC | Py_TPFLAGS_DISALLOW_INSTANTIATION, view_slots,
 };
 
 /* --- LaunchExtension ------------------------------------------------------------------- */
@@ -207,14 +227,11 @@ static int ext_init(PyObject *self, PyObject *args, PyObject *kwds) {
 
 static void ext_dealloc(PyObject *self) {
   spwpy_launch_ext_t *e = LE(self);
-  PyTypeObject *tp = Py_TYPE(self);
   PyObject_GC_UnTrack(self);
   Py_CLEAR(e->array_type);
   Py_CLEAR(e->readonly_type);
   Py_CLEAR(e->launch_name);
-  freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
-  tp_free(self);
-  Py_DECREF(tp);
+  spwpy_free(self);
 }
 
 static int ext_traverse(PyObject *self, visitproc visit, void *arg) {
@@ -240,7 +257,7 @@ static spwpy_launch_locks_t *locks_for(PyObject *retr, spwpy_runtime_t *owner, s
         !LL(it)->done)
       return LL(it);
   }
-  spwpy_launch_locks_t *l = PyObject_New(spwpy_launch_locks_t, spwpy_launch_locks_type);
+  spwpy_launch_locks_t *l = (spwpy_launch_locks_t *)spwpy_alloc(spwpy_launch_locks_type);
   if (!l) return NULL;
   Py_INCREF(owner);
   l->owner = owner;
@@ -314,23 +331,15 @@ static PyObject *ext_prepare_args(PyObject *self, PyObject *const *args, Py_ssiz
     (void)spw_release(b->owner->rt, b->h, s); /* nothing was enqueued with it yet */
     goto out;
   }
-  spwpy_launch_view_t *v = PyObject_New(spwpy_launch_view_t, spwpy_launch_view_type);
+  spwpy_launch_view_t *v = (spwpy_launch_view_t *)spwpy_alloc(spwpy_launch_view_type);
   if (!v) goto out;
-  v->ptr = PyLong_FromVoidPtr(p);
   v->readonly = read;
-  v->shape = PyTuple_GetItem(meta, 1);
-  v->dtype = PyTuple_GetItem(meta, 2);
-  v->size = PyTuple_GetItem(meta, 3);
-  v->layout = PyTuple_GetItem(meta, 4);
-  v->strides = PyTuple_GetItem(meta, 5);
-  v->keep = PyTuple_GetItem(meta, 6);
-  Py_INCREF(v->shape);
-  Py_INCREF(v->dtype);
-  Py_INCREF(v->size);
-  Py_INCREF(v->layout);
-  Py_INCREF(v->strides);
-  Py_INCREF(v->keep);
-  if (!v->ptr) {
+  PyObject **fields[] = {&v->shape, &v->dtype, &v->size, &v->layout, &v->strides, &v->keep};
+  for (Py_ssize_t i = 0; i < 6; i++) {
+    *fields[i] = PyTuple_GetItem(meta, i + 1);
+    Py_XINCREF(*fields[i]);
+  }
+  if (!(v->ptr = PyLong_FromVoidPtr(p))) {
     Py_DECREF(v);
     goto out;
   }
@@ -363,15 +372,9 @@ static PyType_Spec ext_spec = {
     Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, ext_slots,
 };
 
-static int add_type(PyObject *m, PyType_Spec *spec, const char *name, PyTypeObject **out) {
-  *out = (PyTypeObject *)PyType_FromSpec(spec);
-  if (!*out) return -1;
-  Py_INCREF(*out);
-  return PyModule_AddObject(m, name, (PyObject *)*out);
-}
-
 int spwpy_launch_init_types(PyObject *m) {
-  if (add_type(m, &locks_spec, "LaunchLocks", &spwpy_launch_locks_type) < 0) return -1;
-  if (add_type(m, &view_spec, "LaunchView", &spwpy_launch_view_type) < 0) return -1;
-  return add_type(m, &ext_spec, "LaunchExtensionBase", &spwpy_launch_ext_type);
+  if (spwpy_add_type(m, &locks_spec, NULL, "LaunchLocks", &spwpy_launch_locks_type) < 0 ||
+      spwpy_add_type(m, &view_spec, NULL, "LaunchView", &spwpy_launch_view_type) < 0)
+    return -1;
+  return spwpy_add_type(m, &ext_spec, NULL, "LaunchExtensionBase", &spwpy_launch_ext_type);
 }

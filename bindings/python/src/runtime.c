@@ -3,6 +3,8 @@
  * copies, and the two raw entry points of the Numba EMM plugin (_numba_alloc, _numba_free).
  * The Pythonic surface (keyword configuration, typed statistics, context manager) is the
  * subclass spillway.Runtime, in Python; every method here is called by it or through it. */
+#include <limits.h>
+#include <math.h>
 #include <semaphore.h>
 #include <stdlib.h>
 
@@ -14,35 +16,144 @@
     if (!(r)->rt) return spwpy_raise_closed();                                               \
   } while (0)
 
-/* __init__(device, backend, device_limit, host_limit, disk_limit, spill_dir, io,
- *          high_watermark, low_watermark, log_level, host_device_bytes, ignore_env,
- *          trace, trace_max) */
+/* The configuration keywords, in spw_config_t's order: Runtime(...) takes exactly these
+ * (CONFIG_FIELDS), each by keyword, and each None or left out is "unset" (SPILLWAY_* or the
+ * default). `trace` and `trace_max` are trace_path and trace_max_bytes; `ignore_env` is
+ * the flag SPW_CONFIG_IGNORE_ENV. */
+#define SPWPY_CONFIG_FIELDS(X)                                                               \
+  X(device) X(backend) X(device_limit) X(host_limit) X(disk_limit) X(spill_dir) X(io)        \
+  X(high_watermark) X(low_watermark) X(log_level) X(host_device_bytes) X(ignore_env)         \
+  X(trace) X(trace_max)
+
+enum {
+#define SPWPY_CFG_INDEX(f) CFG_##f,
+  SPWPY_CONFIG_FIELDS(SPWPY_CFG_INDEX)
+#undef SPWPY_CFG_INDEX
+  CFG_N
+};
+
+static const char *const config_names[CFG_N] = {
+#define SPWPY_CFG_NAME(f) #f,
+    SPWPY_CONFIG_FIELDS(SPWPY_CFG_NAME)
+#undef SPWPY_CFG_NAME
+};
+
+/* A keyword of `table` (case-insensitive), or None for 0. */
+static int keyword_from(PyObject *v, const char *field, const spwpy_named_t *table, int *out) {
+  if (v == Py_None) {
+    *out = 0;
+    return 0;
+  }
+  if (!PyUnicode_Check(v)) {
+    PyErr_Format(PyExc_TypeError, "%s must be a string or None, not %R", field,
+                 (PyObject *)Py_TYPE(v));
+    return -1;
+  }
+  const char *s = PyUnicode_AsUTF8AndSize(v, NULL);
+  if (!s) return -1;
+  for (const spwpy_named_t *e = table; e->name; e++) {
+    if (PyOS_stricmp(s, e->name) == 0) {
+      *out = (int)e->value;
+      return 0;
+    }
+  }
+  spwpy_raise_format(SPW_ERR_CONFIG, "%s=%R: not one of the keywords in docs/python.md", field, v);
+  return -1;
+}
+
+/* A watermark: a real number, or None for 0 (unset); spw_config_validate judges its range
+ * (0 < low < high <= 1) and names the field. */
+static int fraction_from(PyObject *v, const char *field, double *out) {
+  if (v == Py_None) {
+    *out = 0.0;
+    return 0;
+  }
+  if (PyBool_Check(v) || !(PyFloat_Check(v) || PyLong_Check(v))) {
+    PyErr_Format(PyExc_TypeError, "%s must be a float or None, not %R", field,
+                 (PyObject *)Py_TYPE(v));
+    return -1;
+  }
+  double d = PyFloat_AsDouble(v);
+  if ((d == -1.0 && PyErr_Occurred()) || !isfinite(d)) {
+    PyErr_Clear(); /* an int too large for a double */
+    spwpy_raise_format(SPW_ERR_CONFIG, "%s=%R: expected a fraction in (0, 1]", field, v);
+    return -1;
+  }
+  *out = d;
+  return 0;
+}
+
+/* A path (str or os.PathLike) or None; *keep holds the bytes until the runtime is made. */
+static int path_from(PyObject *v, const char *field, PyObject **keep, const char **out) {
+  *out = NULL;
+  if (v == Py_None) return 0;
+  if (!PyUnicode_FSConverter(v, keep)) return -1;
+  *out = PyBytes_AsString(*keep);
+  return *out ? 0 : -1;
+}
+
+static int config_from(PyObject *const v[CFG_N], spw_config_t *cfg, PyObject **keep_dir,
+                       PyObject **keep_trace) {
+  int backend, io, log_level;
+  unsigned long long device = 0;
+  if (v[CFG_device] != Py_None &&
+      spwpy_u64_from(v[CFG_device], "device", 0, SPW_ERR_CONFIG, &device) < 0)
+    return -1;
+  if (device > INT_MAX) {
+    spwpy_raise_format(SPW_ERR_CONFIG, "device=%R: not a device ordinal", v[CFG_device]);
+    return -1;
+  }
+  cfg->device = (int)device;
+  if (keyword_from(v[CFG_backend], "backend", spwpy_backends, &backend) < 0 ||
+      spwpy_size_from(v[CFG_device_limit], "device_limit", &cfg->device_limit) < 0 ||
+      spwpy_size_from(v[CFG_host_limit], "host_limit", &cfg->host_limit) < 0 ||
+      spwpy_size_from(v[CFG_disk_limit], "disk_limit", &cfg->disk_limit) < 0 ||
+      path_from(v[CFG_spill_dir], "spill_dir", keep_dir, &cfg->spill_dir) < 0 ||
+      keyword_from(v[CFG_io], "io", spwpy_io_kinds, &io) < 0 ||
+      fraction_from(v[CFG_high_watermark], "high_watermark", &cfg->high_watermark) < 0 ||
+      fraction_from(v[CFG_low_watermark], "low_watermark", &cfg->low_watermark) < 0 ||
+      keyword_from(v[CFG_log_level], "log_level", spwpy_log_levels, &log_level) < 0 ||
+      spwpy_size_from(v[CFG_host_device_bytes], "host_device_bytes", &cfg->host_device_bytes) < 0 ||
+      path_from(v[CFG_trace], "trace", keep_trace, &cfg->trace_path) < 0 ||
+      spwpy_size_from(v[CFG_trace_max], "trace_max", &cfg->trace_max_bytes) < 0)
+    return -1;
+  cfg->backend = (spw_backend_kind_t)backend;
+  cfg->io = (spw_io_kind_t)io;
+  cfg->log_level = (spw_log_level_t)log_level;
+  int ignore = PyObject_IsTrue(v[CFG_ignore_env]);
+  if (ignore < 0) return -1;
+  cfg->flags = ignore ? SPW_CONFIG_IGNORE_ENV : 0;
+  return 0;
+}
+
+/* __init__(*, device=None, backend=None, ...): every field of CONFIG_FIELDS by keyword. */
 static int runtime_init(PyObject *self, PyObject *args, PyObject *kwds) {
   spwpy_runtime_t *r = R(self);
-  spw_config_t cfg = SPW_CONFIG_INIT;
-  int backend = 0, io = 0, log_level = 0, ignore_env = 0;
-  unsigned long long dl = 0, hl = 0, kl = 0, hdb = 0;
-  const char *dir = NULL, *trace = NULL;
-  unsigned long long trace_max = 0;
   if (r->rt) {
     PyErr_SetString(PyExc_RuntimeError, "Runtime.__init__ called twice");
     return -1;
   }
-  if (!PyArg_ParseTuple(args, "iiKKKziddiKp|zK", &cfg.device, &backend, &dl, &hl, &kl, &dir,
-                        &io, &cfg.high_watermark, &cfg.low_watermark, &log_level, &hdb,
-                        &ignore_env, &trace, &trace_max))
+  if (PyTuple_Size(args) != 0) {
+    PyErr_SetString(PyExc_TypeError, "Runtime() takes keyword arguments only");
     return -1;
-  cfg.trace_path = trace;
-  cfg.trace_max_bytes = trace_max;
-  cfg.backend = (spw_backend_kind_t)backend;
-  cfg.device_limit = dl;
-  cfg.host_limit = hl;
-  cfg.disk_limit = kl;
-  cfg.spill_dir = dir;
-  cfg.io = (spw_io_kind_t)io;
-  cfg.log_level = (spw_log_level_t)log_level;
-  cfg.host_device_bytes = hdb;
-  cfg.flags = ignore_env ? SPW_CONFIG_IGNORE_ENV : 0;
+  }
+  PyObject *v[CFG_N];
+  for (int i = 0; i < CFG_N; i++) v[i] = Py_None;
+  PyObject *key, *value;
+  Py_ssize_t pos = 0;
+  while (kwds && PyDict_Next(kwds, &pos, &key, &value)) {
+    int i = 0;
+    while (i < CFG_N && PyUnicode_CompareWithASCIIString(key, config_names[i]) != 0) i++;
+    if (i == CFG_N) {
+      PyErr_Format(PyExc_TypeError, "Runtime() got an unexpected keyword argument %R", key);
+      return -1;
+    }
+    v[i] = value;
+  }
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  PyObject *keep_dir = NULL, *keep_trace = NULL;
+  int rc = -1;
+  if (config_from(v, &cfg, &keep_dir, &keep_trace) < 0) goto out;
   spw_runtime_t *rt = NULL;
   int st;
   Py_BEGIN_ALLOW_THREADS
@@ -53,13 +164,17 @@ static int runtime_init(PyObject *self, PyObject *args, PyObject *kwds) {
     char msg[512] = "";
     (void)spw_config_validate(&cfg, msg, sizeof msg);
     spwpy_raise_detail(st, msg);
-    return -1;
+    goto out;
   }
   spw_backend_kind_t b = SPW_BACKEND_HOST;
   (void)spw_runtime_backend(rt, &b);
   r->rt = rt;
   r->backend = (int)b;
-  return 0;
+  rc = 0;
+out:
+  Py_XDECREF(keep_dir);
+  Py_XDECREF(keep_trace);
+  return rc;
 }
 
 static int destroy(spwpy_runtime_t *r) {
@@ -76,14 +191,22 @@ static int destroy(spwpy_runtime_t *r) {
 
 static void runtime_dealloc(PyObject *self) {
   spwpy_runtime_t *r = R(self);
-  PyTypeObject *tp = Py_TYPE(self);
+  PyObject_GC_UnTrack(self);
   /* At interpreter exit the process is about to end: leave the runtime to the OS rather
    * than join its threads. A runtime with locks still held is leaked the same way (its
-   * memory cannot be released under running work). */
+   * memory cannot be released under running work), and so is its controller link, which
+   * the C controller may still call. */
   if (r->rt && !spwpy_finalizing) (void)destroy(r);
-  freefunc tp_free = (freefunc)PyType_GetSlot(tp, Py_tp_free);
-  tp_free(self);
-  Py_DECREF(tp);
+  if (!r->rt) Py_CLEAR(r->link);
+  spwpy_free(self);
+}
+
+/* No tp_clear: the link must live as long as the C runtime that calls it; cycles through
+ * it are broken at the ControllerLink, which drops its callable. */
+static int runtime_traverse(PyObject *self, visitproc visit, void *arg) {
+  Py_VISIT(R(self)->link);
+  Py_VISIT(Py_TYPE(self));
+  return 0;
 }
 
 static PyObject *runtime_close(PyObject *self, PyObject *noargs) {
@@ -142,39 +265,29 @@ static int parse_stream_arg(PyObject *const *args, Py_ssize_t nargs, PyObject *k
   return spwpy_stream_from(obj, out);
 }
 
+typedef struct alloc_args {
+  size_t n;
+  spw_buf_t h;
+} alloc_args_t;
+
+static int alloc_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
+  alloc_args_t *a = ctx;
+  return spw_alloc(r->rt, a->n, s, &a->h);
+}
+
 static PyObject *runtime_alloc(PyObject *self, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"nbytes", "stream", NULL};
   spwpy_runtime_t *r = R(self);
-  Py_ssize_t nbytes;
-  PyObject *sobj = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "n|O", kwlist, &nbytes, &sobj)) return NULL;
-  LIVE(r);
+  PyObject *nobj, *sobj = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O", kwlist, &nobj, &sobj)) return NULL;
+  alloc_args_t a = {0, SPW_BUF_NULL};
   spw_stream_t s;
-  if (spwpy_stream_from(sobj, &s) < 0) return NULL;
-  if (nbytes <= 0) {
-    PyErr_SetString(PyExc_ValueError, "nbytes must be positive");
+  if (spwpy_nbytes_from(nobj, "nbytes", &a.n) < 0 || spwpy_stream_from(sobj, &s) < 0)
     return NULL;
-  }
-  spw_buf_t h = SPW_BUF_NULL;
-  int st;
-  for (;;) {
-    Py_BEGIN_ALLOW_THREADS
-    st = spw_alloc(r->rt, (size_t)nbytes, s, &h);
-    Py_END_ALLOW_THREADS
-    if (!spwpy_stream_adopt(r, s, st)) break;
-  }
+  LIVE(r);
+  int st = spwpy_on_stream(r, s, alloc_op, &a, 1);
   if (st != SPW_OK) return spwpy_raise(r->rt, st);
-  spwpy_buffer_t *b = PyObject_New(spwpy_buffer_t, spwpy_buffer_type);
-  if (!b) {
-    (void)spw_free(r->rt, h);
-    return NULL;
-  }
-  Py_INCREF(self);
-  b->owner = r;
-  b->h = h;
-  b->size = (size_t)nbytes;
-  b->freed = 0;
-  return (PyObject *)b;
+  return spwpy_buffer_new(r, a.h, a.n);
 }
 
 static PyObject *stream_to_py(spw_stream_t s) {
@@ -190,7 +303,16 @@ static PyObject *runtime_create_stream(PyObject *self, PyObject *noargs) {
   return stream_to_py(s);
 }
 
-/* A stream call that may wait (synchronize, destroy, unregister): GIL released. */
+typedef struct stream_fn {
+  int (*fn)(spw_runtime_t *, spw_stream_t);
+} stream_fn_t;
+
+static int stream_fn_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
+  return ((stream_fn_t *)ctx)->fn(r->rt, s);
+}
+
+/* A stream call that may wait (synchronize, destroy, unregister): GIL released. Only a
+ * call that may be the first to name an application's stream adopts it. */
 static PyObject *stream_call_blocking(PyObject *self, PyObject *const *args, Py_ssize_t nargs,
                                       PyObject *kwnames, const char *name,
                                       int (*fn)(spw_runtime_t *, spw_stream_t), int adopt) {
@@ -199,12 +321,14 @@ static PyObject *stream_call_blocking(PyObject *self, PyObject *const *args, Py_
   if (parse_stream_arg(args, nargs, kwnames, name, &s) < 0) return NULL;
   LIVE(r);
   if (spwpy_refuse_in_callback()) return NULL;
+  stream_fn_t f = {fn};
   int st;
-  for (;;) {
+  if (adopt) {
+    st = spwpy_on_stream(r, s, stream_fn_op, &f, 1);
+  } else {
     Py_BEGIN_ALLOW_THREADS
     st = fn(r->rt, s);
     Py_END_ALLOW_THREADS
-    if (!adopt || !spwpy_stream_adopt(r, s, st)) break;
   }
   if (st != SPW_OK) return spwpy_raise(r->rt, st);
   Py_RETURN_NONE;
@@ -252,7 +376,7 @@ static int collect(spwpy_runtime_t *r, PyObject *seq, spw_buf_t **out, size_t *n
   Py_ssize_t len = PySequence_Size(seq);
   if (len < 0) return -1;
   if (len == 0) {
-    PyErr_SetString(PyExc_ValueError, "expected at least one buffer");
+    spwpy_raise_detail(SPW_ERR_INVALID_ARG, "expected at least one buffer");
     return -1;
   }
   spw_buf_t *bufs = malloc((size_t)len * sizeof *bufs);
@@ -275,6 +399,18 @@ fail:
   return -1;
 }
 
+typedef struct acquire_n_args {
+  const spw_buf_t *bufs;
+  size_t n;
+  unsigned flags;
+  void **ptrs;
+} acquire_n_args_t;
+
+static int acquire_n_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
+  acquire_n_args_t *a = ctx;
+  return spw_acquire_n(r->rt, a->bufs, a->n, s, a->flags, a->ptrs);
+}
+
 static PyObject *runtime_acquire_n(PyObject *self, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"buffers", "stream", "read", NULL};
   spwpy_runtime_t *r = R(self);
@@ -293,14 +429,12 @@ static PyObject *runtime_acquire_n(PyObject *self, PyObject *args, PyObject *kwd
     return PyErr_NoMemory();
   }
   unsigned flags = read ? SPW_ACQUIRE_READ : 0;
-  int st = spw_acquire_n(r->rt, bufs, n, s, flags | SPW_ACQUIRE_TRY, ptrs);
-  if (st == SPW_ERR_INVALID_STREAM && spwpy_stream_adopt(r, s, st))
-    st = spw_acquire_n(r->rt, bufs, n, s, flags | SPW_ACQUIRE_TRY, ptrs);
+  acquire_n_args_t a = {bufs, n, flags | SPW_ACQUIRE_TRY, ptrs};
+  int st = spwpy_on_stream(r, s, acquire_n_op, &a, 0);
   if (st == SPW_ERR_NOT_READY && spwpy_in_callback) st = SPW_ERR_WOULD_DEADLOCK;
   if (st == SPW_ERR_NOT_READY) {
-    Py_BEGIN_ALLOW_THREADS
-    st = spw_acquire_n(r->rt, bufs, n, s, flags, ptrs);
-    Py_END_ALLOW_THREADS
+    a.flags = flags;
+    st = spwpy_on_stream(r, s, acquire_n_op, &a, 1);
   }
   PyObject *res = NULL;
   if (st != SPW_OK) {
@@ -308,12 +442,12 @@ static PyObject *runtime_acquire_n(PyObject *self, PyObject *args, PyObject *kwd
   } else if ((res = PyList_New((Py_ssize_t)n)) != NULL) {
     for (size_t i = 0; i < n; i++) {
       PyObject *p = PyLong_FromVoidPtr(ptrs[i]);
-      if (!p) { /* keep the all-or-nothing contract: drop the locks we took */
+      if (!p || PyList_SetItem(res, (Py_ssize_t)i, p) < 0) {
+        /* keep the all-or-nothing contract: drop the locks we took */
         for (size_t j = 0; j < n; j++) (void)spw_release(r->rt, bufs[j], s);
         Py_CLEAR(res);
         break;
       }
-      PyList_SetItem(res, (Py_ssize_t)i, p);
     }
   }
   free(ptrs);
@@ -324,6 +458,17 @@ static PyObject *runtime_acquire_n(PyObject *self, PyObject *args, PyObject *kwd
 /* The calls that take a list of buffers and a stream: (buffers, stream=None). `adopt`: a
  * stream the runtime does not know yet (a Numba/CuPy/PyTorch stream) is adopted and the
  * call retried, for calls that may be the first to name it. */
+typedef struct buffers_args {
+  int (*op)(spw_runtime_t *, const spw_buf_t *, size_t, spw_stream_t);
+  const spw_buf_t *bufs;
+  size_t n;
+} buffers_args_t;
+
+static int buffers_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
+  buffers_args_t *a = ctx;
+  return a->op(r->rt, a->bufs, a->n, s);
+}
+
 static PyObject *buffers_on_stream(PyObject *self, PyObject *args, PyObject *kwds,
                                    int (*op)(spw_runtime_t *, const spw_buf_t *, size_t,
                                              spw_stream_t),
@@ -338,9 +483,8 @@ static PyObject *buffers_on_stream(PyObject *self, PyObject *args, PyObject *kwd
   spw_buf_t *bufs;
   size_t n;
   if (collect(r, seq, &bufs, &n) < 0) return NULL;
-  int st = op(r->rt, bufs, n, s);
-  if (adopt && st == SPW_ERR_INVALID_STREAM && spwpy_stream_adopt(r, s, st))
-    st = op(r->rt, bufs, n, s);
+  buffers_args_t a = {op, bufs, n};
+  int st = adopt ? spwpy_on_stream(r, s, buffers_op, &a, 0) : op(r->rt, bufs, n, s);
   free(bufs);
   if (st != SPW_OK) return spwpy_raise(r->rt, st);
   Py_RETURN_NONE;
@@ -353,14 +497,15 @@ static PyObject *runtime_release_n_async(PyObject *self, PyObject *args, PyObjec
 static PyObject *runtime_spill_n(PyObject *self, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"buffers", "tier", NULL};
   spwpy_runtime_t *r = R(self);
-  PyObject *seq;
-  int tier = SPW_TIER_HOST;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|i", kwlist, &seq, &tier)) return NULL;
+  PyObject *seq, *tobj = NULL;
+  spw_tier_t tier = SPW_TIER_HOST;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O", kwlist, &seq, &tobj)) return NULL;
+  if (tobj && spwpy_tier_from(tobj, &tier) < 0) return NULL;
   LIVE(r);
   spw_buf_t *bufs;
   size_t n;
   if (collect(r, seq, &bufs, &n) < 0) return NULL;
-  int st = spw_spill_n(r->rt, bufs, n, (spw_tier_t)tier);
+  int st = spw_spill_n(r->rt, bufs, n, tier);
   free(bufs);
   if (st != SPW_OK) return spwpy_raise(r->rt, st);
   Py_RETURN_NONE;
@@ -378,7 +523,10 @@ static PyObject *runtime_wait_idle(PyObject *self, PyObject *noargs) {
   Py_BEGIN_ALLOW_THREADS
   st = spw_wait_idle(r->rt);
   Py_END_ALLOW_THREADS
-  if (st != SPW_OK) return spwpy_raise(r->rt, st);
+  /* The status is the first failed move since the last check, run on whichever thread;
+   * this thread's error text belongs to something else. */
+  if (st == SPW_ERR_WOULD_DEADLOCK) return spwpy_raise(r->rt, st);
+  if (st != SPW_OK) return spwpy_raise_detail(st, "background work");
   Py_RETURN_NONE;
 }
 
@@ -407,11 +555,10 @@ static PyObject *runtime_stats(PyObject *self, PyObject *noargs) {
 #define SPWPY_SET(f)                                                                         \
   {                                                                                          \
     PyObject *v = PyLong_FromUnsignedLongLong((unsigned long long)s.f);                      \
-    if (!v) {                                                                                \
+    if (!v || PyTuple_SetItem(t, i++, v) < 0) {                                              \
       Py_DECREF(t);                                                                          \
       return NULL;                                                                           \
     }                                                                                        \
-    PyTuple_SetItem(t, i++, v);                                                              \
   }
   SPWPY_STATS_FIELDS(SPWPY_SET)
 #undef SPWPY_SET
@@ -429,14 +576,16 @@ static PyObject *runtime_summary(PyObject *self, PyObject *noargs) {
 
 static void post_sem(void *arg) { sem_post((sem_t *)arg); }
 
+static int host_func_op(spwpy_runtime_t *r, spw_stream_t s, void *sem) {
+  return spw_launch_host_func(r->rt, s, post_sem, sem);
+}
+
 /* Waits, with the GIL released, until the work enqueued on `s` so far has completed,
  * without touching its locks (spw_stream_synchronize would release them). */
 static int wait_stream(spwpy_runtime_t *r, spw_stream_t s) {
   sem_t sem;
   if (sem_init(&sem, 0, 0) != 0) return SPW_ERR_SYSTEM;
-  int st = spw_launch_host_func(r->rt, s, post_sem, &sem);
-  if (st == SPW_ERR_INVALID_STREAM && spwpy_stream_adopt(r, s, st))
-    st = spw_launch_host_func(r->rt, s, post_sem, &sem);
+  int st = spwpy_on_stream(r, s, host_func_op, &sem, 0);
   if (st == SPW_OK) {
     Py_BEGIN_ALLOW_THREADS
     while (sem_wait(&sem) != 0) {
@@ -459,27 +608,39 @@ static PyObject *runtime_wait_stream(PyObject *self, PyObject *const *args, Py_s
   Py_RETURN_NONE;
 }
 
+typedef struct memcpy_args {
+  void *dst;
+  const void *src;
+  size_t n;
+} memcpy_args_t;
+
+static int memcpy_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
+  memcpy_args_t *a = ctx;
+  return spw_memcpy_async(r->rt, a->dst, a->src, a->n, s);
+}
+
 /* memcpy(dst, src, nbytes, stream=None, wait=True): spw_memcpy_async between device
  * pointers (from an acquire) and host addresses; with wait, returns once it completed. */
 static PyObject *runtime_memcpy(PyObject *self, PyObject *args, PyObject *kwds) {
   static char *kwlist[] = {"dst", "src", "nbytes", "stream", "wait", NULL};
   spwpy_runtime_t *r = R(self);
-  unsigned long long dst, src;
-  Py_ssize_t n;
-  PyObject *sobj = Py_None;
+  PyObject *dobj, *srcobj, *nobj, *sobj = Py_None;
   int wait = 1;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "KKn|Op", kwlist, &dst, &src, &n, &sobj, &wait))
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOO|Op", kwlist, &dobj, &srcobj, &nobj, &sobj,
+                                   &wait))
+    return NULL;
+  unsigned long long dst, src;
+  memcpy_args_t a;
+  spw_stream_t s;
+  if (spwpy_u64_from(dobj, "dst", 0, SPW_ERR_INVALID_ARG, &dst) < 0 ||
+      spwpy_u64_from(srcobj, "src", 0, SPW_ERR_INVALID_ARG, &src) < 0 ||
+      spwpy_nbytes_from(nobj, "nbytes", &a.n) < 0 || spwpy_stream_from(sobj, &s) < 0)
     return NULL;
   LIVE(r);
-  spw_stream_t s;
-  if (spwpy_stream_from(sobj, &s) < 0) return NULL;
-  if (n <= 0) Py_RETURN_NONE;
   if (wait && spwpy_refuse_in_callback()) return NULL;
-  int st = spw_memcpy_async(r->rt, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src,
-                            (size_t)n, s);
-  if (st == SPW_ERR_INVALID_STREAM && spwpy_stream_adopt(r, s, st))
-    st = spw_memcpy_async(r->rt, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src,
-                          (size_t)n, s);
+  a.dst = (void *)(uintptr_t)dst;
+  a.src = (const void *)(uintptr_t)src;
+  int st = spwpy_on_stream(r, s, memcpy_op, &a, 0);
   if (st == SPW_OK && wait) st = wait_stream(r, s);
   if (st != SPW_OK) return spwpy_raise(r->rt, st);
   Py_RETURN_NONE;
@@ -490,21 +651,20 @@ static PyObject *runtime_memcpy(PyObject *self, PyObject *args, PyObject *kwds) 
  * so that it stays resident and in place while Numba holds the pointer. */
 static PyObject *runtime_numba_alloc(PyObject *self, PyObject *args) {
   spwpy_runtime_t *r = R(self);
-  Py_ssize_t n;
-  unsigned long long es;
-  if (!PyArg_ParseTuple(args, "nK", &n, &es)) return NULL;
-  LIVE(r);
-  if (n <= 0) {
-    PyErr_SetString(PyExc_ValueError, "nbytes must be positive");
+  PyObject *nobj, *eobj;
+  if (!PyArg_ParseTuple(args, "OO", &nobj, &eobj)) return NULL;
+  size_t n;
+  spw_stream_t es;
+  if (spwpy_nbytes_from(nobj, "nbytes", &n) < 0 || spwpy_stream_from(eobj, &es) < 0)
     return NULL;
-  }
+  LIVE(r);
   spw_buf_t h = SPW_BUF_NULL;
   void *p = NULL;
   int st;
   Py_BEGIN_ALLOW_THREADS
-  st = spw_alloc(r->rt, (size_t)n, NULL, &h);
+  st = spw_alloc(r->rt, n, NULL, &h);
   if (st == SPW_OK) {
-    st = spw_acquire(r->rt, h, (spw_stream_t)(uintptr_t)es, 0, &p);
+    st = spw_acquire(r->rt, h, es, 0, &p);
     if (st != SPW_OK) (void)spw_free(r->rt, h);
   }
   Py_END_ALLOW_THREADS
@@ -518,13 +678,15 @@ static PyObject *runtime_numba_alloc(PyObject *self, PyObject *args) {
  * stream), then the memory goes back; nothing blocks. */
 static PyObject *runtime_numba_free(PyObject *self, PyObject *args) {
   spwpy_runtime_t *r = R(self);
-  unsigned long long h, es;
-  if (!PyArg_ParseTuple(args, "KK", &h, &es)) return NULL;
+  PyObject *hobj, *eobj;
+  if (!PyArg_ParseTuple(args, "OO", &hobj, &eobj)) return NULL;
+  spw_buf_t b;
+  spw_stream_t es;
+  if (spwpy_handle_from(hobj, &b) < 0 || spwpy_stream_from(eobj, &es) < 0) return NULL;
   if (!r->rt) Py_RETURN_NONE; /* the runtime went first (context reset): nothing to free */
-  spw_buf_t b = (spw_buf_t)h;
   void *p;
   int st = spw_acquire(r->rt, b, NULL, SPW_ACQUIRE_TRY, &p);
-  int rel = spw_release(r->rt, b, (spw_stream_t)(uintptr_t)es);
+  int rel = spw_release(r->rt, b, es);
   (void)spw_free(r->rt, b);
   if (st == SPW_OK) {
     int s2 = spw_release_n_async(r->rt, &b, 1, NULL);
@@ -575,6 +737,7 @@ static PyType_Slot runtime_slots[] = {
     {Py_tp_init, runtime_init},
     {Py_tp_new, PyType_GenericNew},
     {Py_tp_dealloc, runtime_dealloc},
+    {Py_tp_traverse, runtime_traverse},
     {Py_tp_methods, runtime_methods},
     {Py_tp_getset, runtime_getset},
     {Py_tp_doc, "Base of spillway.Runtime (one spw_runtime_t)."},
@@ -583,23 +746,37 @@ static PyType_Slot runtime_slots[] = {
 
 static PyType_Spec runtime_spec = {
     "spillway._spillway.RuntimeBase", sizeof(spwpy_runtime_t), 0,
-    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE, runtime_slots,
+    Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE | Py_TPFLAGS_HAVE_GC, runtime_slots,
 };
 
-int spwpy_runtime_init_type(PyObject *m) {
-  spwpy_runtime_type = (PyTypeObject *)PyType_FromSpec(&runtime_spec);
-  if (!spwpy_runtime_type) return -1;
-  Py_INCREF(spwpy_runtime_type);
-  if (PyModule_AddObject(m, "RuntimeBase", (PyObject *)spwpy_runtime_type) < 0) return -1;
-  PyObject *names = PyTuple_New(0
-#define SPWPY_COUNT(f) +1
-                                SPWPY_STATS_FIELDS(SPWPY_COUNT)
-#undef SPWPY_COUNT
-  );
-  if (!names) return -1;
-  Py_ssize_t i = 0;
-#define SPWPY_NAME(f) PyTuple_SetItem(names, i++, PyUnicode_FromString(#f));
-  SPWPY_STATS_FIELDS(SPWPY_NAME)
+/* A tuple of the names in `names` (n of them). */
+static PyObject *names_tuple(const char *const *names, Py_ssize_t n) {
+  PyObject *t = PyTuple_New(n);
+  for (Py_ssize_t i = 0; t && i < n; i++) {
+    PyObject *s = PyUnicode_FromString(names[i]);
+    if (!s || PyTuple_SetItem(t, i, s) < 0) Py_CLEAR(t);
+  }
+  return t;
+}
+
+static const char *const stats_names[] = {
+#define SPWPY_NAME(f) #f,
+    SPWPY_STATS_FIELDS(SPWPY_NAME)
 #undef SPWPY_NAME
-  return PyModule_AddObject(m, "STATS_FIELDS", names);
+};
+
+static int add_names(PyObject *m, const char *name, const char *const *names, Py_ssize_t n) {
+  PyObject *t = names_tuple(names, n);
+  if (!t) return -1;
+  int rc = PyModule_AddObjectRef(m, name, t);
+  Py_DECREF(t);
+  return rc;
+}
+
+int spwpy_runtime_init_type(PyObject *m) {
+  if (spwpy_add_type(m, &runtime_spec, NULL, "RuntimeBase", &spwpy_runtime_type) < 0) return -1;
+  if (add_names(m, "STATS_FIELDS", stats_names,
+                (Py_ssize_t)(sizeof stats_names / sizeof stats_names[0])) < 0)
+    return -1;
+  return add_names(m, "CONFIG_FIELDS", config_names, CFG_N);
 }

@@ -1,0 +1,100 @@
+# SPDX-License-Identifier: Apache-2.0
+"""What the C library defines, as Python types: the tier, state and backend enumerations,
+the statistics record, and the Buffer type. Values and names come from the extension
+(``TIERS``, ``STATES``, ``BACKENDS``, ``STATS_FIELDS``, generated from spillway.h); the
+classes below spell the members out so that type checkers and readers see them, and the
+checks at the end of this module stop the import if they ever differ from C.
+
+This module depends on the extension only, so every other module of the package can
+import it without a cycle.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+from typing import Union
+
+from . import _spillway as _c
+
+__all__ = ["Backend", "Tier", "State", "Stats", "Buffer", "StreamLike"]
+
+Buffer = _c.Buffer
+
+#: Anything accepted where a stream is expected: ``None`` (the default stream), an integer
+#: handle (``cudaStream_t``), or an object with ``__cuda_stream__`` (cuda.core, CuPy,
+#: PyTorch), ``.cuda_stream`` (PyTorch), ``.ptr`` (CuPy) or ``.handle`` (Numba).
+StreamLike = Union[None, int, object]
+
+_TIERS = dict(_c.TIERS)
+_STATES = dict(_c.STATES)
+BACKENDS = dict(_c.BACKENDS)      # keyword -> spw_backend_kind_t
+IO_KINDS = dict(_c.IO_KINDS)      # keyword -> spw_io_kind_t
+LOG_LEVELS = dict(_c.LOG_LEVELS)  # keyword -> spw_log_level_t
+
+
+class Backend(enum.IntEnum):
+    """The backend a runtime runs on (``spw_backend_kind_t``; never AUTO once created)."""
+    CUDA = BACKENDS["cuda"]
+    HOST = BACKENDS["host"]
+
+
+class Tier(enum.IntEnum):
+    """``spw_tier_t``: where a buffer's bytes are."""
+    DEVICE = _TIERS["DEVICE"]
+    HOST = _TIERS["HOST"]
+    DISK = _TIERS["DISK"]
+
+
+class State(enum.IntEnum):
+    """``spw_state_t``: a buffer's state, moves in flight included."""
+    RESIDENT = _STATES["RESIDENT"]
+    SPILLING = _STATES["SPILLING"]
+    HOST = _STATES["HOST"]
+    DEMOTING = _STATES["DEMOTING"]
+    DISK = _STATES["DISK"]
+    UNSPILLING = _STATES["UNSPILLING"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Stats:
+    """A snapshot of ``spw_get_stats`` (docs/api.md, Statistics). Counters are read without
+    a lock, so the fields are not one atomic snapshot."""
+
+    buffers: int
+    device_bytes: int
+    host_bytes: int
+    disk_bytes: int
+    locked_bytes: int
+    device_limit: int
+    host_pinned_bytes: int
+    spills: int
+    spill_bytes: int
+    unspills: int
+    unspill_bytes: int
+    demotions: int
+    demote_bytes: int
+    disk_reads: int
+    disk_read_bytes: int
+    disk_writes: int
+    disk_write_bytes: int
+    spills_on_demand: int
+    spills_background: int
+    spills_abandoned: int
+    clean_respills: int
+    failures: int
+    spill_ns: int
+    unspill_ns: int
+    demote_ns: int
+    disk_read_ns: int
+    disk_requests: int
+
+
+def _check(what: str, python: object, c: object) -> None:
+    if python != c:
+        raise ImportError(f"spillway: {what} differ between the package and the extension "
+                          f"({python!r} against {c!r}): rebuild the extension")
+
+
+_check("Tier's members", {m.name: m.value for m in Tier}, _TIERS)
+_check("State's members", {m.name: m.value for m in State}, _STATES)
+_check("the fields of Stats", tuple(f.name for f in dataclasses.fields(Stats)), _c.STATS_FIELDS)
