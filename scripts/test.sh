@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# Builds Spillway and passes every test: the full build (CUDA backend compiled when the
+# Checks that the paths the docs and comments name exist (scripts/check_paths.sh), then builds
+# Spillway and passes every test: the full build (CUDA backend compiled when the
 # toolkit is present; GPU tests run where there is a GPU and are skipped elsewhere), then the
 # host-backend tests again under AddressSanitizer+UndefinedBehaviorSanitizer and under
 # ThreadSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+./scripts/check_paths.sh # every src/, spill/, tests/, bench/, scripts/ path the docs name exists
 ./scripts/setup.sh
 jobs=$(nproc)
 

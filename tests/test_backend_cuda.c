@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Unit test of the CUDA backend (src/backend_cuda.c, src/copy_kernels.cu) through its ops
- * table, on device 0. Exits 77 (skipped) without a GPU or in a build without CUDA. Where a
- * result cannot be seen through the ops (the thread's last CUDA error, device-side gaps
- * between buffers) the test asks the CUDA runtime directly. */
+/* Unit test of the CUDA backend (src/backend/backend_cuda.c, src/backend/copy_kernels.cu)
+ * through its ops table, on device 0. Skipped without a GPU or in a build without CUDA.
+ * Where a result cannot be seen through the ops (the thread's last CUDA error, device-side
+ * gaps between buffers) the test asks the CUDA runtime directly. */
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>

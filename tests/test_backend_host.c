@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Unit tests of the host backend (src/backend_host.c) through its ops table: stream order,
- * synchronize, events, cross-stream waits, copies, the emulated capacity, destroy with work
- * queued, and many threads on many streams. Streams are held still with gates (a host func
- * that blocks until the test opens it), so "not yet" is observed without racing the worker.
+/* Unit tests of the host backend (src/backend/backend_host.c) through its ops table: stream
+ * order, synchronize, events, cross-stream waits, copies, the emulated capacity, destroy
+ * with work queued, and many threads on many streams. Streams are held still with gates (a
+ * host func that blocks until the test opens it), so "not yet" is observed without racing
+ * the worker.
  * Run with no argument for every test, or with a test's name for that one. */
 #include <pthread.h>
 #include <stdatomic.h>

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Unit tests of configuration resolution (src/config.c): defaults, every SPILLWAY_*
+/* Unit tests of configuration resolution (src/core/config.c): defaults, every SPILLWAY_*
  * variable with good and bad values, the size and percentage forms, overflow, precedence
  * of the struct over the environment, SPW_CONFIG_IGNORE_ENV, struct_size handling and the
  * watermark ordering. Each test starts from an environment with no SPILLWAY_* variable. */

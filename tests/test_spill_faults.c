@@ -5,7 +5,7 @@
  * its last good tier, reach the caller (a status, spw_wait_idle / spw_async_error), count in
  * stats.failures, and leak nothing (the arena's in_use back to 0; LeakSanitizer in CI).
  *
- * Failures are injected through the runtime's fault shim (spw__inject_fault, src/runtime.h),
+ * Failures are injected through the runtime's fault shim (spw__inject_fault, src/core/runtime.h),
  * which makes the next backend operations of one kind fail exactly as a real failure would,
  * on both backends. Device memory is touched only through spw_memcpy_async +
  * spw_stream_synchronize; no copy is enqueued between an injection and the operation meant

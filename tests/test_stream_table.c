@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Unit test of the stream table (src/stream_table.c) with synthetic stream values, so that
+/* Unit test of the stream table (src/core/stream_table.c) with synthetic stream values, so that
  * every value is distinct (real streams often come back at the same address): dead entries
  * are taken over by new streams, a dead stream is not found, and the table refuses a
  * stream only when it is full of live ones. */

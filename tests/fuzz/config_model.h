@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* A reference model of configuration resolution, written from docs/config.md and not from
- * src/config.c, for the fuzz target to compare the library against.
+ * src/core/config.c, for the fuzz target to compare the library against.
  *
  * It is deliberately built differently from the library: sizes are computed on decimal
  * digit strings (the value doubled once per unit bit), ranges are decided on the digits
