@@ -131,9 +131,14 @@ int spw__disk_create(const spw_disk_params_t *par, spw_disk_t **out) {
   return SPW_OK;
 }
 
-void spw__disk_free(spw_disk_t *d, spw_disk_extent_t *e) {
-  if (e->bytes && d) spw__spill_file_free(d->file, e);
+int spw__disk_free(spw_disk_t *d, spw_disk_extent_t *e) {
+  int due = e->bytes && d ? spw__spill_file_free(d->file, e) : 0;
   *e = (spw_disk_extent_t){0};
+  return due;
+}
+
+int spw__disk_sweep(spw_disk_t *d, unsigned max_punches) {
+  return d ? spw__spill_file_sweep(d->file, max_punches) : 0;
 }
 
 uint64_t spw__disk_in_use(const spw_disk_t *d) { return spw__spill_file_bytes_in_use(d->file); }

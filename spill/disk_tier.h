@@ -75,8 +75,12 @@ int spw__disk_write_device_n(spw_disk_t *d, spw_disk_item_t *items, size_t n, sp
  * is SPW_OK on return are on the device. Items whose status is not SPW_OK on entry are
  * skipped. Returns as spw__disk_write_device_n. */
 int spw__disk_read_device_n(spw_disk_t *d, spw_disk_item_t *items, size_t n, spw_stream_t h2d);
-/* Returns an extent; an empty one is ignored. */
-void spw__disk_free(spw_disk_t *d, spw_disk_extent_t *e);
+/* Returns an extent; an empty one is ignored. Returns 1 when a sweep of freed space is
+ * due: the caller arranges for spw__disk_sweep to run elsewhere. */
+int spw__disk_free(spw_disk_t *d, spw_disk_extent_t *e);
+/* One step of giving freed space back to the file system (spw__spill_file_sweep): never
+ * call it on a path that brings buffers back. Returns 1 if more steps are due. */
+int spw__disk_sweep(spw_disk_t *d, unsigned max_punches);
 
 /* Bytes of the spill file in use, and its limit (0: none). */
 uint64_t spw__disk_in_use(const spw_disk_t *d);

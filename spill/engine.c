@@ -14,6 +14,9 @@ typedef struct lane {
   spw_job_t *head, *tail;
   spw_stream_t stream;
   int busy, started;
+  /* Submissions are numbered: `queued` is the last one queued, `done` the last one whose
+   * run has ended, so that a waiter waits for what was queued before it and no more. */
+  uint64_t queued, taken, done;
 } lane_t;
 
 struct spw_engine {
@@ -24,6 +27,8 @@ struct spw_engine {
   pthread_cond_t idle_cv; /* waiters: both lanes empty and idle */
   lane_t lanes[2];
   int kicked, stop;
+  uint64_t kicks, kick_taken, kick_done; /* numbered as submissions are */
+  uint64_t followups; /* jobs queued by the lanes' own threads (controller callbacks) */
 };
 
 static int has_work(const spw_engine_t *e, const lane_t *l) {
@@ -39,8 +44,12 @@ static void *worker(void *arg) {
     if (!has_work(e, l)) break; /* stopped, and nothing is queued */
     spw_job_t *jobs = l->head;
     l->head = l->tail = NULL;
+    l->taken = l->queued;
     int background = l->which == SPW_LANE_DOWN && e->kicked;
-    if (background) e->kicked = 0;
+    if (background) {
+      e->kicked = 0;
+      e->kick_taken = e->kicks;
+    }
     l->busy = 1;
     pthread_mutex_unlock(&e->mu);
 
@@ -49,6 +58,8 @@ static void *worker(void *arg) {
 
     pthread_mutex_lock(&e->mu);
     l->busy = 0;
+    l->done = l->taken;
+    if (background) e->kick_done = e->kick_taken;
     pthread_cond_broadcast(&e->idle_cv);
   }
   pthread_mutex_unlock(&e->mu);
@@ -105,21 +116,32 @@ spw_stream_t spw__engine_stream(const spw_engine_t *e, spw_lane_t lane) {
   return e->lanes[lane].stream;
 }
 
+static int on_lane_thread(const spw_engine_t *e) {
+  for (int i = 0; i < 2; i++)
+    if (e->lanes[i].started && pthread_equal(pthread_self(), e->lanes[i].thread)) return 1;
+  return 0;
+}
+
 void spw__engine_submit(spw_engine_t *e, spw_lane_t lane, spw_job_t *job) {
   lane_t *l = &e->lanes[lane];
   job->next = NULL;
+  int followup = on_lane_thread(e);
   pthread_mutex_lock(&e->mu);
+  e->followups += (uint64_t)followup;
   if (l->tail) l->tail->next = job;
   else l->head = job;
   l->tail = job;
+  l->queued++;
   pthread_cond_signal(&l->cv);
   pthread_mutex_unlock(&e->mu);
 }
 
 void spw__engine_kick(spw_engine_t *e) {
+  if (!e) return; /* before the engine starts or after it stopped: nothing would run it */
   pthread_mutex_lock(&e->mu);
   if (!e->kicked) {
     e->kicked = 1;
+    e->kicks++;
     pthread_cond_signal(&e->lanes[SPW_LANE_DOWN].cv);
   }
   pthread_mutex_unlock(&e->mu);
@@ -127,11 +149,16 @@ void spw__engine_kick(spw_engine_t *e) {
 
 void spw__engine_wait_idle(spw_engine_t *e) {
   pthread_mutex_lock(&e->mu);
+  /* What other threads queue after this point is not waited for: threads that keep sending
+   * work cannot hold a waiter for ever. What the awaited work queues itself (a controller
+   * callback on a lane ordering a spill) is part of it, and is waited for too. */
   for (;;) {
-    int idle = !e->kicked;
-    for (int i = 0; i < 2; i++) idle = idle && !e->lanes[i].head && !e->lanes[i].busy;
-    if (idle) break;
-    pthread_cond_wait(&e->idle_cv, &e->mu);
+    uint64_t lane_mark[2] = {e->lanes[0].queued, e->lanes[1].queued}, kick_mark = e->kicks;
+    uint64_t followups = e->followups;
+    while (e->lanes[0].done < lane_mark[0] || e->lanes[1].done < lane_mark[1] ||
+           e->kick_done < kick_mark)
+      pthread_cond_wait(&e->idle_cv, &e->mu);
+    if (e->followups == followups) break;
   }
   pthread_mutex_unlock(&e->mu);
 }

@@ -46,9 +46,12 @@ void spw__engine_stop(spw_engine_t *e);
 spw_stream_t spw__engine_stream(const spw_engine_t *e, spw_lane_t lane);
 /* Queues `job` on `lane`; the lane's work function frees it. Never fails. */
 void spw__engine_submit(spw_engine_t *e, spw_lane_t lane, spw_job_t *job);
-/* Wakes the down lane for its background function. Cheap; callable from anywhere. */
+/* Wakes the down lane for its background function. Cheap; callable from anywhere;
+ * NULL-safe. */
 void spw__engine_kick(spw_engine_t *e);
-/* Blocks until both queues are empty, both lanes idle and no kick is pending. */
+/* Blocks until every job queued and every kick made before the call has been run, and the
+ * jobs that those runs queued from the lanes' own threads (work queued meanwhile by other
+ * threads is not waited for). */
 void spw__engine_wait_idle(spw_engine_t *e);
 
 #endif /* SPILLWAY_SPILL_ENGINE_H */

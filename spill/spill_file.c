@@ -18,11 +18,14 @@
  *  - a failed allocation leaves size, the free list and in_use as they were.
  * Space is reserved with fallocate before an extent is handed out, so ENOSPC shows up here
  * and not in the middle of a write. Extents that come back stay reserved, and are reused
- * without a system call, until a grow step of them has come back: then the free space that
- * is not a hole yet is punched out at once (the file system gets the blocks back), and all
- * free space is a hole, which is reserved again when handed out. Punching each extent as it came back cost a
+ * without a system call, until a grow step of them has come back: then a sweep is due, and
+ * the owner's maintenance calls (spw__spill_file_sweep) punch out the free space that is not
+ * a hole yet, a few punches per call (the file system gets the blocks back); punched space
+ * is reserved again when handed out. Punching each extent as it came back cost a
  * synchronous discard per buffer read back from disk on file systems mounted with discard,
- * under this mutex; a full file system also sweeps at once, before it reports ENOSPC.
+ * and a whole sweep run by the free that crossed the step stalled the reads behind this
+ * mutex for as long as the free list was long (issue 17): so a free never punches. A full
+ * file system still sweeps at once, before it reports ENOSPC.
  */
 #include "spill_file.h"
 
@@ -72,6 +75,8 @@ struct spw_spill_file {
   ranges_t free;   /* free space */
   ranges_t holes;  /* free space punched out: handed out, it is reserved again */
   uint64_t slack;  /* bytes that came back since the last sweep (free, still reserved) */
+  int sweeping;      /* a step-by-step sweep is under way (spw__spill_file_sweep) */
+  uint64_t sweep_at; /* ... and has punched everything below this offset */
   int punch_failed_logged;
   /* Written under mu, read without it by spw__spill_file_bytes_in_use. */
   _Atomic uint64_t in_use;
@@ -516,6 +521,42 @@ static void sweep(spw_spill_file_t *f, deferred_log_t *dl) {
   }
   memcpy(f->holes.v, f->free.v, f->free.n * sizeof f->free.v[0]);
   f->holes.n = f->free.n;
+  f->sweeping = 0;
+}
+
+/* One step of a sweep: punches at most `max` gaps (free space that is not a hole) at or
+ * above sweep_at, each becoming a hole at once. Returns 1 if gaps are left. */
+static int sweep_step(spw_spill_file_t *f, unsigned max, deferred_log_t *dl) {
+  unsigned punched = 0;
+  size_t i = ranges_lower_bound(&f->free, f->sweep_at);
+  if (i > 0 && f->free.v[i - 1].off + f->free.v[i - 1].bytes > f->sweep_at) i--;
+  for (; i < f->free.n; i++) {
+    uint64_t end = f->free.v[i].off + f->free.v[i].bytes;
+    uint64_t at = f->free.v[i].off > f->sweep_at ? f->free.v[i].off : f->sweep_at;
+    while (at < end) {
+      size_t h = ranges_lower_bound(&f->holes, at);
+      if (h > 0 && f->holes.v[h - 1].off + f->holes.v[h - 1].bytes > at) h--;
+      if (h < f->holes.n && f->holes.v[h].off <= at) { /* inside a hole: skip it */
+        at = f->holes.v[h].off + f->holes.v[h].bytes;
+        continue;
+      }
+      uint64_t gap_end = h < f->holes.n && f->holes.v[h].off < end ? f->holes.v[h].off : end;
+      if (punched == max) {
+        f->sweep_at = at;
+        return 1;
+      }
+      if (ranges_reserve(&f->holes, 1) != SPW_OK) { /* no memory: the space stays reserved */
+        f->sweeping = 0;
+        return 0;
+      }
+      punch_logged(f, at, gap_end - at, dl);
+      ranges_insert(&f->holes, at, gap_end - at);
+      punched++;
+      at = gap_end;
+    }
+  }
+  f->sweeping = 0;
+  return 0;
 }
 
 /* First fit for `need` bytes, growing the file when nothing fits. */
@@ -591,8 +632,8 @@ out:
   return st;
 }
 
-void spw__spill_file_free(spw_spill_file_t *f, spw_disk_extent_t *e) {
-  if (!f || !e || e->bytes == 0) return;
+int spw__spill_file_free(spw_spill_file_t *f, spw_disk_extent_t *e) {
+  if (!f || !e || e->bytes == 0) return 0;
   deferred_log_t dl = {0};
   pthread_mutex_lock(&f->mu);
   if (e->off % f->align || e->bytes % f->align || e->off > f->size ||
@@ -611,11 +652,27 @@ void spw__spill_file_free(spw_spill_file_t *f, spw_disk_extent_t *e) {
     ranges_insert(&f->free, e->off, e->bytes);
     atomic_fetch_sub(&f->in_use, e->bytes);
     f->slack += e->bytes;
-    if (f->slack >= f->grow_step) sweep(f, &dl);
     e->off = 0;
     e->bytes = 0;
   }
+  int due = !f->no_fallocate && (f->sweeping || f->slack >= f->grow_step);
   pthread_mutex_unlock(&f->mu);
   flush_log(f, &dl);
+  return due;
+}
+
+int spw__spill_file_sweep(spw_spill_file_t *f, unsigned max_punches) {
+  if (!f) return 0;
+  deferred_log_t dl = {0};
+  pthread_mutex_lock(&f->mu);
+  if (!f->sweeping && !f->no_fallocate && f->slack >= f->grow_step) {
+    f->sweeping = 1;
+    f->sweep_at = 0;
+    f->slack = 0; /* what comes back from now on counts towards the next sweep */
+  }
+  int more = f->sweeping && sweep_step(f, max_punches, &dl);
+  pthread_mutex_unlock(&f->mu);
+  flush_log(f, &dl);
+  return more;
 }
 

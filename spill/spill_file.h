@@ -40,7 +40,15 @@ int spw__spill_file_is_direct(const spw_spill_file_t *f);     /* opened with O_D
 /* Errors: SPW_ERR_DISK_FULL (limit reached, or fallocate said ENOSPC/EDQUOT; nothing
  * changes), SPW_ERR_IO. */
 int spw__spill_file_alloc(spw_spill_file_t *f, uint64_t bytes, spw_disk_extent_t *out);
-void spw__spill_file_free(spw_spill_file_t *f, spw_disk_extent_t *e);
+/* Gives the extent back; it stays reserved and is reused first. Never punches (a free sits
+ * on the path that reads buffers back): returns 1 when a sweep is due, that is when a grow
+ * step of space came back since the last one, and the owner should call
+ * spw__spill_file_sweep from somewhere that can afford it. */
+int spw__spill_file_free(spw_spill_file_t *f, spw_disk_extent_t *e);
+/* One step of a sweep, if one is due or under way: punches out at most `max_punches`
+ * stretches of free space that is not a hole yet, holding the mutex only for those. Returns
+ * 1 if the sweep has more to do (call again), 0 when none is due. */
+int spw__spill_file_sweep(spw_spill_file_t *f, unsigned max_punches);
 
 uint64_t spw__spill_file_bytes_in_use(const spw_spill_file_t *f);
 

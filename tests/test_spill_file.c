@@ -345,7 +345,10 @@ static void test_freed_space_is_punched(void) {
   ASSERT_OK(spw__spill_file_alloc(f, 8 * MiB, &e));
   /* Preallocated: the blocks exist before anything is written. */
   ASSERT_GE(file_disk_bytes(f), 8 * MiB);
-  spw__spill_file_free(f, &e);
+  ASSERT_EQ(spw__spill_file_free(f, &e), 1); /* a whole step came back: a sweep is due */
+  ASSERT_GE(file_disk_bytes(f), 8 * MiB);     /* the free itself punched nothing */
+  while (spw__spill_file_sweep(f, 1)) {
+  }
   ASSERT_LT(file_disk_bytes(f), 1 * MiB);
   /* Reused, it is reserved again. */
   ASSERT_OK(spw__spill_file_alloc(f, 8 * MiB, &e));
@@ -369,10 +372,47 @@ static void test_freed_space_stays_reserved_until_a_step_came_back(void) {
   ASSERT_OK(spw__spill_file_alloc(f, 4 * MiB, &a));
   ASSERT_UEQ(a.off, a_off);
   ASSERT_GE(file_disk_bytes(f), 8 * MiB);
-  spw__spill_file_free(f, &a);
-  spw__spill_file_free(f, &b); /* a whole step: punched out */
+  ASSERT_EQ(spw__spill_file_free(f, &a), 0);
+  ASSERT_EQ(spw__spill_file_sweep(f, 8), 0); /* none due: nothing punched */
+  ASSERT_GE(file_disk_bytes(f), 8 * MiB);
+  ASSERT_EQ(spw__spill_file_free(f, &b), 1); /* a whole step: due */
+  while (spw__spill_file_sweep(f, 8)) {
+  }
   ASSERT_LT(file_disk_bytes(f), 1 * MiB);
   ASSERT_UEQ(file_size(f), 8 * MiB);
+  spw__spill_file_close(f);
+  remove_dir(dir);
+}
+
+/* A sweep runs a few punches per call, so that whoever frees an extent meanwhile (a read
+ * back) waits for a few punches at most, never for a whole sweep. */
+static void test_sweep_is_bounded_per_step_and_finishes(void) {
+  char *dir = make_dir();
+  spw_spill_file_t *f = NULL;
+  ASSERT_OK(spw__spill_file_open(dir, 0, 1 * MiB, NULL, NULL, &f));
+  enum { N = 64 };
+  spw_disk_extent_t e[N];
+  for (int i = 0; i < N; i++) ASSERT_OK(spw__spill_file_alloc(f, 64 * 1024, &e[i]));
+  int due = 0;
+  for (int i = 0; i < N; i += 2) due = spw__spill_file_free(f, &e[i]); /* 32 separate gaps */
+  ASSERT_EQ(due, 1);
+  const uint64_t before = file_disk_bytes(f);
+  int steps = 0;
+  uint64_t last = before;
+  while (spw__spill_file_sweep(f, 4)) {
+    steps++;
+    const uint64_t now = file_disk_bytes(f);
+    ASSERT_LT(now, last); /* every step gives something back */
+    ASSERT_GE(now, before - (uint64_t)4 * 64 * 1024 * (uint64_t)steps); /* and no more than 4 */
+    last = now;
+    /* Allocation goes on between steps: a punched gap handed out is reserved again. */
+    spw_disk_extent_t x;
+    ASSERT_OK(spw__spill_file_alloc(f, 64 * 1024, &x));
+    spw__spill_file_free(f, &x);
+  }
+  ASSERT_GE(steps, 32 / 4 - 1);
+  ASSERT_LE(file_disk_bytes(f), before - 30 * 64 * 1024);
+  for (int i = 1; i < N; i += 2) spw__spill_file_free(f, &e[i]);
   spw__spill_file_close(f);
   remove_dir(dir);
 }
@@ -657,6 +697,7 @@ static const spw_test_t tests[] = {
     TEST(test_bad_arguments_are_rejected),
     TEST(test_double_free_is_ignored_and_logged),
     TEST(test_freed_space_is_punched),
+    TEST(test_sweep_is_bounded_per_step_and_finishes),
     TEST(test_freed_space_stays_reserved_until_a_step_came_back),
     TEST(test_concurrent_alloc_free_never_overlaps),
     TEST(full_and_unusual_file_systems),

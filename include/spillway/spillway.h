@@ -416,6 +416,13 @@ typedef struct spw_stats {
   uint64_t spill_ns, unspill_ns, demote_ns, disk_read_ns; /* time spent (wall, engine) */
   uint64_t disk_requests;          /* reads and writes issued to the spill file: buffers
                                       moved together whose extents are neighbours share one */
+  /* Hints (spw_spill, spw_prefetch and their _n forms) keep at most one pending wish per
+   * buffer; see "Hints" in docs/api.md. */
+  uint64_t hints_merged;           /* hints for a buffer that already had the same one pending */
+  uint64_t hints_replaced;         /* hints that replaced a different pending one */
+  uint64_t hints_pending;          /* buffers with a pending hint now */
+  uint64_t prefetch_dropped;       /* prefetched buffers left where they were: no room that
+                                      would stay (see spw_prefetch) */
 } spw_stats_t;
 
 /* Fills `out` (set out->struct_size first; fields past it are not written). */

@@ -6,6 +6,7 @@
 
 #include "api.h"
 #include "budget.h"
+#include "jobs.h"
 
 #define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
 
@@ -43,6 +44,10 @@ int spw_get_stats(spw_runtime_t *rt, spw_stats_t *out) {
   s.demote_ns = LOAD(rt->c.demote_ns);
   s.disk_read_ns = LOAD(rt->c.disk_read_ns);
   s.disk_requests = LOAD(rt->c.disk_requests);
+  s.hints_merged = LOAD(rt->c.hints_merged);
+  s.hints_replaced = LOAD(rt->c.hints_replaced);
+  s.hints_pending = spw__jobs_pending(rt);
+  s.prefetch_dropped = LOAD(rt->c.prefetch_dropped);
   size_t n = out->struct_size < sizeof s ? out->struct_size : sizeof s;
   memcpy(out, &s, n);
   out->struct_size = n;

@@ -167,6 +167,47 @@ int spw__budget_reserve(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
   }
 }
 
+/* A prefetch's room (see spw__device_get_hint): up to the high watermark only, since above
+ * it the background spiller would push the buffer straight out again, and made only from
+ * buffers that no prefetch brought back. It waits for spills in flight, never for locks or
+ * frees: what cannot be placed now is dropped, so a hint costs at most one move per buffer
+ * however crowded the device is. */
+static int reserve_for_hint(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
+  spw_budget_t *b = &rt->budget;
+  if (bytes > b->high) return SPW_ERR_OUT_OF_MEMORY;
+  for (;;) {
+    uint64_t used = atomic_load(&b->used);
+    if (used + bytes <= b->high) {
+      if (atomic_compare_exchange_weak(&b->used, &used, used + bytes)) return SPW_OK;
+      continue;
+    }
+    uint64_t shortfall = used + bytes - b->high, inflight = atomic_load(&b->spilling);
+    if (inflight >= shortfall) {
+      wait_for_room(rt);
+      continue;
+    }
+    if (spw__spill_for_hint(rt, shortfall - inflight) > 0) continue;
+    if (own > 0) return SPW_ERR_NOT_READY; /* what it holds may land and make it fit */
+    if (inflight > 0) {
+      wait_for_room(rt); /* the others' spills may leave enough */
+      continue;
+    }
+    return SPW_ERR_OUT_OF_MEMORY;
+  }
+}
+
+int spw__device_get_hint(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
+                         void **out) {
+  int st = reserve_for_hint(rt, bytes, own);
+  if (st != SPW_OK) return st;
+  st = spw__dpool_alloc(rt->dpool, bytes, stream, out);
+  if (st != SPW_OK) {
+    spw__budget_credit(rt, bytes);
+    return SPW_ERR_OUT_OF_MEMORY; /* no retries that wait: the hint is dropped */
+  }
+  return SPW_OK;
+}
+
 int spw__device_get(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
                     void **out) {
   int st = spw__budget_reserve(rt, bytes, own);

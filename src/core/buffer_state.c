@@ -95,7 +95,8 @@ uint64_t spw__place_release(spw_runtime_t *rt, spw_place_t *p, size_t size, spw_
     if (after) spw__host_extent_free_after_event(rt, &p->host, after);
     else spw__arena_free(rt->arena, &p->host);
   }
-  if (p->disk.bytes) spw__disk_free(rt->disk, &p->disk);
+  /* A sweep of freed disk space is the down lane's background work, off this path. */
+  if (p->disk.bytes && spw__disk_free(rt->disk, &p->disk)) spw__engine_kick(rt->engine);
   *p = (spw_place_t){0};
   return device;
 }
@@ -265,6 +266,10 @@ spw_move_end_t spw__move_commit(spw_runtime_t *rt, const spw_move_t *m, const sp
   account(rt, r->from, r->to, m->size);
   if (r->to == SPW_STATE_RESIDENT) /* just brought back for use: the last victim, not the first */
     atomic_store_explicit(&s->last_use, spw__coarse_now_ns(), memory_order_relaxed);
+  /* Before the word: an acquirer that sees the new word clears it after this store. */
+  atomic_store_explicit(&s->prefetched,
+                        r->to == SPW_STATE_RESIDENT && (flags & SPW_COMMIT_PREFETCHED),
+                        memory_order_relaxed);
   set_word(s, w, spw__w_make(spw__w_gen(w), r->to, flags & (SPW_W_WAIT | SPW_W_CLEAN), locks));
   pthread_mutex_unlock(&s->mu);
   return SPW_MOVE_DONE;

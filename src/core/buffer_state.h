@@ -99,7 +99,12 @@ int spw__move_begin(spw_runtime_t *rt, spw_move_kind_t kind, spw_buf_t h, spw_sl
  * read of the word. Meaningful only to the mover. */
 int spw__move_wanted(const spw_move_t *m);
 
-/* Commits: the buffer takes the move's target state with `flags` (WAIT, CLEAN) and `locks`
+/* Commit flag, never stored in the word: the move is a prefetch's, and the buffer counts as
+ * prefetched until its next acquire (handle_table.h, `prefetched`). */
+#define SPW_COMMIT_PREFETCHED (1ull << 62)
+
+/* Commits: the buffer takes the move's target state with `flags` (WAIT, CLEAN, and
+ * SPW_COMMIT_PREFETCHED) and `locks`
  * locks (an unspill for an acquire), and `to`'s member for the target tier (for SPILL of a
  * clean buffer, `to` may be empty: the clean host copy becomes authoritative). The old
  * placement's other members, and on ABANDONED / FREED all of `to`, go to *release: the

@@ -116,12 +116,16 @@ int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim) {
 }
 
 /* Reads the moves' buffers back, reserving device memory for as many as the budget gives
- * this call at once (room that only what it holds could give waits for the next round). */
-size_t spw__read_back_n(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32_t locks,
-                        void **dptr, int *status) {
+ * this call at once (room that only what it holds could give waits for the next round).
+ * With `hint` (a prefetch), room is a hint's (spw__device_get_hint), and once there is none
+ * the rest are dropped: left on disk, unreported, counted; *full is then set. */
+static size_t read_back(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32_t locks,
+                        void **dptr, int *status, int hint, int *full) {
   spw_stream_t h2d = spw__h2d(rt);
   spw_disk_item_t *items = malloc(n * sizeof *items);
   size_t moved = 0;
+  uint64_t dropped = 0;
+  int no_room = 0;
   for (size_t i = 0; i < n;) {
     uint64_t t0 = spw__now_ns(), held = 0;
     /* Room is made and the read done without the slot mutex: the read blocks this thread
@@ -129,8 +133,12 @@ size_t spw__read_back_n(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32
     size_t j = i;
     for (; items && j < n; j++) {
       void *d = NULL;
-      int st = spw__device_get(rt, m[j].size, h2d, held, &d);
+      int st = SPW_ERR_OUT_OF_MEMORY;
+      if (!no_room)
+        st = hint ? spw__device_get_hint(rt, m[j].size, h2d, held, &d)
+                  : spw__device_get(rt, m[j].size, h2d, held, &d);
       if (st == SPW_ERR_NOT_READY) break; /* only with room held: read what it holds first */
+      if (hint && st == SPW_ERR_OUT_OF_MEMORY) no_room = 1;
       items[j] = (spw_disk_item_t){.dptr = d, .bytes = m[j].size, .ext = m[j].from.disk,
                                    .status = st};
       if (st == SPW_OK) held += m[j].size;
@@ -144,17 +152,20 @@ size_t spw__read_back_n(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32
       /* Every upload of the batch has completed (the read waited for them). */
       if (st != SPW_OK && d) spw__device_put(rt, d, m[i].size, NULL);
       spw_move_end_t end;
+      int drop = hint && st == SPW_ERR_OUT_OF_MEMORY;
       if (st == SPW_OK) {
         spw_place_t to = {.dptr = d}, release;
         /* The data is on the device already: no WAIT. */
-        end = spw__move_commit(rt, &m[i], &to, 0, locks, &release);
+        end = spw__move_commit(rt, &m[i], &to, hint ? SPW_COMMIT_PREFETCHED : 0, locks, &release);
         uint64_t device = spw__place_release(rt, &release, m[i].size, NULL);
         if (device) spw__budget_credit(rt, device);
       } else {
         end = spw__move_abort(rt, &m[i], 0);
       }
       if (end == SPW_MOVE_FREED) st = SPW_ERR_FREED;
-      if (end == SPW_MOVE_BACK) spw__report_move(rt, m[i].h, SPW_STATE_DISK, SPW_STATE_DISK, 0, dt, st);
+      if (end == SPW_MOVE_BACK && drop) dropped++;
+      else if (end == SPW_MOVE_BACK)
+        spw__report_move(rt, m[i].h, SPW_STATE_DISK, SPW_STATE_DISK, 0, dt, st);
       if (end == SPW_MOVE_DONE) {
         moved++;
         atomic_fetch_add(&rt->c.disk_reads, 1);
@@ -167,7 +178,14 @@ size_t spw__read_back_n(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32
     atomic_fetch_add(&rt->c.disk_read_ns, dt);
   }
   free(items);
+  if (dropped) atomic_fetch_add_explicit(&rt->c.prefetch_dropped, dropped, memory_order_relaxed);
+  if (full) *full = no_room;
   return moved;
+}
+
+size_t spw__read_back_n(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32_t locks,
+                        void **dptr, int *status) {
+  return read_back(rt, m, n, locks, dptr, status, 0, NULL);
 }
 
 int spw__read_back(spw_runtime_t *rt, const spw_move_t *m, uint32_t locks, void **dptr) {
@@ -182,14 +200,15 @@ int spw__read_back(spw_runtime_t *rt, const spw_move_t *m, uint32_t locks, void 
 #define READ_GROUP_ITEMS 8192
 #define READ_GROUP_BYTES ((uint64_t)256 << 20)
 
-size_t spw__prefetch_from_disk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n) {
-  size_t cap = n < READ_GROUP_ITEMS ? n : READ_GROUP_ITEMS, moved = 0;
+size_t spw__prefetch_from_disk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint) {
+  size_t cap = n < READ_GROUP_ITEMS ? n : READ_GROUP_ITEMS, moved = 0, i = 0;
   spw_move_t *m = malloc(cap * sizeof *m);
   if (!m) {
     spw__set_async_error(rt, SPW_ERR_SYSTEM);
     return 0;
   }
-  for (size_t i = 0; i < n;) {
+  int full = 0;
+  while (i < n && !full) {
     size_t k = 0;
     uint64_t bytes = 0;
     for (; i < n && k < cap && bytes < READ_GROUP_BYTES; i++) {
@@ -199,8 +218,17 @@ size_t spw__prefetch_from_disk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n)
       if (spw__w_state(w) != SPW_STATE_DISK) continue; /* moved meanwhile */
       if (spw__move_begin(rt, SPW_MOVE_READ, hs[i], s, SPW_CLAIM_WAIT, &m[k])) bytes += m[k++].size;
     }
-    if (k) moved += spw__read_back_n(rt, m, k, 0, NULL, NULL); /* failures are reported */
+    if (k) moved += read_back(rt, m, k, 0, NULL, NULL, hint, &full); /* failures are reported */
   }
+  /* The groups never begun stay on disk: dropped as well. */
+  uint64_t left = 0;
+  for (; i < n; i++) {
+    spw_slot_t *s;
+    uint64_t w;
+    left += spw__handles_lookup(&rt->handles, hs[i], &s, &w) == SPW_OK &&
+            spw__w_state(w) == SPW_STATE_DISK;
+  }
+  if (left) atomic_fetch_add_explicit(&rt->c.prefetch_dropped, left, memory_order_relaxed);
   free(m);
   return moved;
 }

@@ -66,6 +66,7 @@ int spw__handles_alloc(spw_handle_table_t *t, spw_buf_t *out, spw_slot_t **slot_
   memset(&slot->host, 0, sizeof slot->host);
   memset(&slot->disk, 0, sizeof slot->disk);
   atomic_store_explicit(&slot->last_use, 0, memory_order_relaxed);
+  atomic_store_explicit(&slot->prefetched, 0, memory_order_relaxed);
   atomic_fetch_add_explicit(&t->live, 1, memory_order_relaxed);
   *out = spw__handle_make(t, gen, idx);
   *slot_out = slot;

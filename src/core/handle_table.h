@@ -70,6 +70,8 @@ static inline uint64_t spw__w_with_state(uint64_t w, uint32_t state) {
 typedef struct spw_slot {
   _Atomic uint64_t word;
   _Atomic uint64_t last_use; /* coarse monotonic ns of the last acquire: LRU order */
+  _Atomic uint32_t prefetched; /* brought back by a prefetch and not acquired since: a later
+                                  prefetch may not push it out (victims.c) */
   pthread_mutex_t mu;
   _Atomic size_t size;       /* atomic: the victim scans read it without the mutex */
   void *dptr;                /* device memory while RESIDENT or SPILLING */

@@ -1,35 +1,41 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The engine's work (see jobs.h). Each lane takes its whole queue at once: the down lane
- * claims the spills of every queued request into one batch per tier (demotions go one by
- * one), then spills in the background if usage is above the high watermark; the up lane
- * brings the host buffers of every queued prefetch back as one batch, then the buffers on
- * disk as another. */
+/* The engine's work (see jobs.h).
+ *
+ * Hints go through the pending-hint set first (hint_set.h): a buffer is queued on a lane at
+ * most once, whatever the number of calls, and the newest wish for a buffer replaces an
+ * older one. So the work a burst of hints leaves behind is at most one move per buffer, and
+ * spw_wait_idle, which waits for what was queued before it, waits for no more than that.
+ *
+ * Each lane takes its whole queue at once: the down lane claims the spills of every queued
+ * buffer into one batch per tier (demotions go one by one), then spills in the background
+ * if usage is above the high watermark and sweeps freed disk space a little at a time; the
+ * up lane brings the host buffers of every queued prefetch back as one batch, then the
+ * buffers on disk as another, into room that does not push out earlier prefetches (see
+ * budget.h, SPW_ROOM_HINT). */
 #include "jobs.h"
 
 #include <stdlib.h>
 
 #include "moves.h"
 
+/* Punches per sweep step: a step holds the spill file's mutex, which a read back waits for
+ * when it frees its extent, so it stays short; the lane kicks itself for the next step. */
+#define SWEEP_PUNCHES_PER_STEP 8
+
 typedef struct job {
   spw_job_t link; /* first: the engine's list runs through it */
-  spw_tier_t tier;
   size_t n;
   spw_buf_t *hs; /* points at `one` for a single buffer */
   spw_buf_t one;
 } job_t;
 
-static job_t *new_job(const spw_buf_t *hs, size_t n) {
-  job_t *j = calloc(1, sizeof *j);
-  if (!j) return NULL;
-  j->n = n;
-  j->hs = &j->one;
-  if (n > 1 && !(j->hs = malloc(n * sizeof *j->hs))) {
-    free(j);
-    return NULL;
-  }
-  for (size_t i = 0; i < n; i++) j->hs[i] = hs[i];
-  return j;
-}
+/* What a lane took from the set: a buffer and the wish it acts on. */
+typedef struct taken {
+  spw_buf_t h;
+  spw_wish_t wish;
+} taken_t;
+
+static spw_lane_t lane_of(spw_wish_t w) { return w == SPW_WISH_PREFETCH ? SPW_LANE_UP : SPW_LANE_DOWN; }
 
 static void free_jobs(spw_job_t *list) {
   while (list) {
@@ -38,6 +44,86 @@ static void free_jobs(spw_job_t *list) {
     if (j->hs != &j->one) free(j->hs);
     free(j);
   }
+}
+
+/* Records the wish for each buffer and queues on the wish's lane those not queued there
+ * yet. */
+static int submit(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_wish_t wish) {
+  spw_lane_t lane = lane_of(wish);
+  job_t *j = calloc(1, sizeof *j);
+  if (!j) return SPW_ERR_SYSTEM;
+  j->hs = &j->one;
+  if (n > 1 && !(j->hs = malloc(n * sizeof *j->hs))) {
+    free(j);
+    return SPW_ERR_SYSTEM;
+  }
+  int st = SPW_OK;
+  uint64_t merged = 0, replaced = 0;
+  pthread_mutex_lock(&rt->hints_mu);
+  for (size_t i = 0; i < n; i++) {
+    spw_hint_t *e = spw__hints_add(&rt->hints, hs[i]);
+    if (!e) {
+      st = SPW_ERR_SYSTEM; /* what was recorded before stays queued */
+      break;
+    }
+    if (e->wish == (uint8_t)wish) {
+      merged++;
+      continue;
+    }
+    if (e->wish != SPW_WISH_NONE) replaced++;
+    e->wish = (uint8_t)wish;
+    if (e->queued & (1u << lane)) continue; /* queued there already for an older wish */
+    e->queued |= (uint8_t)(1u << lane);
+    j->hs[j->n++] = hs[i];
+  }
+  pthread_mutex_unlock(&rt->hints_mu);
+  if (merged) atomic_fetch_add_explicit(&rt->c.hints_merged, merged, memory_order_relaxed);
+  if (replaced) atomic_fetch_add_explicit(&rt->c.hints_replaced, replaced, memory_order_relaxed);
+  if (j->n == 0) {
+    free_jobs(&j->link);
+    return st;
+  }
+  spw__engine_submit(rt->engine, lane, &j->link);
+  return st;
+}
+
+/* Takes the lane's queued buffers out of the set's queue: those whose wish is this lane's
+ * are returned (malloc'd, *n of them), the others are left to the lane their wish names. */
+static taken_t *take(spw_runtime_t *rt, spw_lane_t lane, spw_job_t *jobs, size_t *n) {
+  size_t cap = 0;
+  for (spw_job_t *l = jobs; l; l = l->next) cap += ((job_t *)(void *)l)->n;
+  taken_t *t = malloc((cap ? cap : 1) * sizeof *t);
+  *n = 0;
+  pthread_mutex_lock(&rt->hints_mu);
+  for (spw_job_t *l = jobs; l; l = l->next) {
+    job_t *j = (job_t *)(void *)l;
+    for (size_t i = 0; i < j->n; i++) {
+      spw_hint_t *e = spw__hints_find(&rt->hints, j->hs[i]);
+      if (!e) continue;
+      e->queued &= (uint8_t) ~(1u << lane);
+      if (e->wish != SPW_WISH_NONE && lane_of((spw_wish_t)e->wish) == lane) {
+        if (t) t[(*n)++] = (taken_t){j->hs[i], (spw_wish_t)e->wish};
+        else e->wish = SPW_WISH_NONE; /* no memory: dropped, as a hint may be */
+      }
+      if (e->wish == SPW_WISH_NONE && e->queued == 0) spw__hints_remove(&rt->hints, j->hs[i]);
+    }
+  }
+  pthread_mutex_unlock(&rt->hints_mu);
+  if (!t) spw__set_async_error(rt, SPW_ERR_SYSTEM);
+  return t;
+}
+
+/* The lane is done with these buffers: their wishes are fulfilled (or could not be), unless
+ * a newer one came meanwhile. */
+static void settle(spw_runtime_t *rt, const taken_t *t, size_t n) {
+  pthread_mutex_lock(&rt->hints_mu);
+  for (size_t i = 0; i < n; i++) {
+    spw_hint_t *e = spw__hints_find(&rt->hints, t[i].h);
+    if (!e || e->wish != (uint8_t)t[i].wish) continue;
+    e->wish = SPW_WISH_NONE;
+    if (e->queued == 0) spw__hints_remove(&rt->hints, t[i].h);
+  }
+  pthread_mutex_unlock(&rt->hints_mu);
 }
 
 /* One buffer of a spill request: a demotion runs at once, a spill is claimed into the batch
@@ -64,9 +150,7 @@ static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victi
   else v[(*nv)++] = one;
 }
 
-static void run_spills(spw_runtime_t *rt, spw_job_t *jobs) {
-  size_t n = 0;
-  for (spw_job_t *l = jobs; l; l = l->next) n += ((job_t *)(void *)l)->n;
+static void run_spills(spw_runtime_t *rt, const taken_t *t, size_t n) {
   if (n == 0) return;
   /* Host victims fill `v` from the front, disk victims from the back (vd[k] points at
    * v[n - 1 - k]): together they never hold more than n. */
@@ -80,32 +164,25 @@ static void run_spills(spw_runtime_t *rt, spw_job_t *jobs) {
   }
   for (size_t k = 0; k < n; k++) vd[k] = &v[n - 1 - k];
   size_t nv = 0, nvd = 0;
-  for (spw_job_t *l = jobs; l; l = l->next) {
-    job_t *j = (job_t *)(void *)l;
-    for (size_t i = 0; i < j->n; i++) spill_one(rt, j->hs[i], j->tier, v, &nv, vd, &nvd);
-  }
+  for (size_t i = 0; i < n; i++)
+    spill_one(rt, t[i].h, t[i].wish == SPW_WISH_DISK ? SPW_TIER_DISK : SPW_TIER_HOST, v, &nv,
+              vd, &nvd);
   if (nv > 0) spw__spill_batch(rt, v, nv, SPW_SPILL_EXPLICIT);
   if (nvd > 0) spw__spill_to_disk_n(rt, vd, nvd, SPW_SPILL_EXPLICIT);
   free(v);
   free(vd);
 }
 
-static void run_prefetches(spw_runtime_t *rt, spw_job_t *jobs) {
-  size_t n = 0;
-  for (spw_job_t *l = jobs; l; l = l->next) n += ((job_t *)(void *)l)->n;
+static void run_prefetches(spw_runtime_t *rt, const taken_t *t, size_t n) {
   if (n == 0) return;
   spw_buf_t *all = malloc(n * sizeof *all);
   if (!all) {
     spw__set_async_error(rt, SPW_ERR_SYSTEM);
     return;
   }
-  size_t k = 0;
-  for (spw_job_t *l = jobs; l; l = l->next) {
-    job_t *j = (job_t *)(void *)l;
-    for (size_t i = 0; i < j->n; i++) all[k++] = j->hs[i];
-  }
-  spw__prefetch_batch(rt, all, n);
-  spw__prefetch_from_disk(rt, all, n);
+  for (size_t i = 0; i < n; i++) all[i] = t[i].h;
+  spw__prefetch_batch(rt, all, n, 1);
+  spw__prefetch_from_disk(rt, all, n, 1);
   free(all);
 }
 
@@ -118,21 +195,28 @@ static void background(void *ctx) {
   if (atomic_load(&b->used) > b->limit / 2) spw__arena_grow_ahead(rt->arena);
   for (;;) {
     uint64_t used = atomic_load(&b->used), out = atomic_load(&b->spilling);
-    if (used <= out || used - out <= b->high) return;
-    if (spw__spill_lru(rt, used - out - b->low, SPW_SPILL_BACKGROUND, NULL) == 0) return;
+    if (used <= out || used - out <= b->high) break;
+    if (spw__spill_lru(rt, used - out - b->low, SPW_SPILL_BACKGROUND, NULL) == 0) break;
   }
+  /* Freed disk space goes back to the file system here, a step at a time, and never on the
+   * path that brings buffers back (issue 17: a whole sweep there stalled every read). */
+  pthread_mutex_lock(&rt->disk_mu);
+  spw_disk_t *disk = rt->disk; /* not opened for this: nothing to sweep if it is not open */
+  pthread_mutex_unlock(&rt->disk_mu);
+  if (disk && spw__disk_sweep(disk, SWEEP_PUNCHES_PER_STEP)) spw__engine_kick(rt->engine);
 }
 
 static void run(void *ctx, spw_lane_t lane, spw_job_t *jobs) {
   spw_runtime_t *rt = ctx;
   if (rt->trace) spw__trace_lane(rt->trace, (int)lane);
-  if (lane == SPW_LANE_DOWN) {
-    run_spills(rt, jobs);
-    background(rt); /* locks released since the last kick may have left usage high */
-  } else {
-    run_prefetches(rt, jobs);
-  }
+  size_t n = 0;
+  taken_t *t = take(rt, lane, jobs, &n);
   free_jobs(jobs);
+  if (lane == SPW_LANE_DOWN) run_spills(rt, t, n);
+  else run_prefetches(rt, t, n);
+  if (t) settle(rt, t, n);
+  free(t);
+  if (lane == SPW_LANE_DOWN) background(rt); /* locks released since the last kick may have left usage high */
 }
 
 spw_engine_work_t spw__jobs_work(spw_runtime_t *rt) {
@@ -140,16 +224,16 @@ spw_engine_work_t spw__jobs_work(spw_runtime_t *rt) {
 }
 
 int spw__jobs_spill(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_tier_t tier) {
-  job_t *j = new_job(hs, n);
-  if (!j) return SPW_ERR_SYSTEM;
-  j->tier = tier;
-  spw__engine_submit(rt->engine, SPW_LANE_DOWN, &j->link);
-  return SPW_OK;
+  return submit(rt, hs, n, tier == SPW_TIER_DISK ? SPW_WISH_DISK : SPW_WISH_HOST);
 }
 
 int spw__jobs_prefetch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n) {
-  job_t *j = new_job(hs, n);
-  if (!j) return SPW_ERR_SYSTEM;
-  spw__engine_submit(rt->engine, SPW_LANE_UP, &j->link);
-  return SPW_OK;
+  return submit(rt, hs, n, SPW_WISH_PREFETCH);
+}
+
+size_t spw__jobs_pending(spw_runtime_t *rt) {
+  pthread_mutex_lock(&rt->hints_mu);
+  size_t n = rt->hints.n;
+  pthread_mutex_unlock(&rt->hints_mu);
+  return n;
 }

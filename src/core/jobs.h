@@ -9,9 +9,12 @@
 
 /* The work functions for spw__engine_start, bound to `rt`. */
 spw_engine_work_t spw__jobs_work(spw_runtime_t *rt);
-/* Queue a spill to `tier` / a prefetch of n buffers (the array is copied). Errors:
- * SPW_ERR_SYSTEM. */
+/* Records a wish to spill n buffers to `tier` / to prefetch them, and queues those not
+ * queued yet (see hint_set.h: one pending wish per buffer, the newest wins). Errors:
+ * SPW_ERR_SYSTEM (out of memory: the buffers before the failing one stay queued). */
 int spw__jobs_spill(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_tier_t tier);
 int spw__jobs_prefetch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n);
+/* Buffers with a pending wish (statistics). */
+size_t spw__jobs_pending(spw_runtime_t *rt);
 
 #endif /* SPILLWAY_CORE_JOBS_H */

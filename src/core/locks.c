@@ -28,6 +28,10 @@ static inline void touch(spw_slot_t *s) {
   uint64_t now = spw__coarse_now_ns();
   if (atomic_load_explicit(&s->last_use, memory_order_relaxed) != now)
     atomic_store_explicit(&s->last_use, now, memory_order_relaxed);
+  /* A prefetched buffer is consumed by its first acquire: from now on it is an ordinary
+   * victim again. */
+  if (atomic_load_explicit(&s->prefetched, memory_order_relaxed))
+    atomic_store_explicit(&s->prefetched, 0, memory_order_relaxed);
 }
 
 /* Makes `stream` wait for an unspill copy that may still be landing in the buffer (slot
@@ -173,8 +177,8 @@ void spw__lock_n_prepare(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, uns
   }
   /* One at a time costs a copy launch and an event each (and from disk, a request in flight
    * alone): a batch is one copy per part, and many requests in flight. */
-  if (k >= 2) spw__prefetch_batch(rt, host, k);
-  if (kd >= 2) spw__prefetch_from_disk(rt, disk, kd);
+  if (k >= 2) spw__prefetch_batch(rt, host, k, 0);
+  if (kd >= 2) spw__prefetch_from_disk(rt, disk, kd, 0);
   if (host != stack) free(host);
 }
 

@@ -57,8 +57,8 @@ size_t spw__read_back_n(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32
 /* One buffer: spw__read_back_n of one, returning its status. */
 int spw__read_back(spw_runtime_t *rt, const spw_move_t *m, uint32_t locks, void **dptr);
 /* Reads back the DISK buffers among hs as batches (others are skipped); failures are
- * reported. Returns how many came back. */
-size_t spw__prefetch_from_disk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n);
+ * reported. `hint` as for spw__prefetch_batch. Returns how many came back. */
+size_t spw__prefetch_from_disk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint);
 
 /* ---- unspill_move.c ---- */
 /* Brings a HOST buffer back for an acquire: `m` is an UNSPILL move begun by the caller, who
@@ -68,9 +68,11 @@ size_t spw__prefetch_from_disk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n)
 int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, unsigned flags,
                  uint32_t locks, void **dptr);
 /* Brings the HOST buffers among hs back as pipelined batches, marking each RESIDENT (its
- * host copy kept clean) once its copy has completed; others are skipped. Returns how many
- * moved. */
-size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n);
+ * host copy kept clean) once its copy has completed; others are skipped. With `hint` (a
+ * prefetch hint, not an acquire's own batch) room comes from spw__device_get_hint: the
+ * buffers brought back count as prefetched, and once no room is left the rest stay where
+ * they are (stats.prefetch_dropped). Returns how many moved. */
+size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint);
 
 /* ---- victims.c ---- */
 /* Spills least-recently-used unlocked buffers (the controller's choices first) until
@@ -78,6 +80,9 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n);
  * that left; when 0, *why (may be NULL) is the status of the last failed spill, or SPW_OK
  * if there was nothing to spill. */
 uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason, int *why);
+/* The same for a prefetch's room: among unlocked buffers that no prefetch brought back
+ * since their last acquire, and without asking the controller. */
+uint64_t spw__spill_for_hint(spw_runtime_t *rt, uint64_t bytes);
 /* The same among buffers with a clean host copy only: they leave the device without a
  * copy and without needing room in a lower tier, so they are what is left to spill when
  * the lower tiers are full. */

@@ -68,6 +68,8 @@ static void free_shell(spw_runtime_t *rt) {
   pthread_key_delete(rt->tls_key);
   pthread_mutex_destroy(&rt->tls_mu);
   pthread_mutex_destroy(&rt->ctl_mu);
+  spw__hints_destroy(&rt->hints);
+  pthread_mutex_destroy(&rt->hints_mu);
   pthread_mutex_destroy(&rt->d2h_gate);
   pthread_mutex_destroy(&rt->disk_mu);
   pthread_cond_destroy(&rt->budget.cv);
@@ -112,6 +114,7 @@ int spw__runtime_open(const spw_settings_t *settings, void (*armed)(spw_backend_
   pthread_mutex_init(&rt->disk_mu, NULL);
   pthread_mutex_init(&rt->d2h_gate, NULL);
   pthread_mutex_init(&rt->ctl_mu, NULL);
+  pthread_mutex_init(&rt->hints_mu, NULL);
   pthread_mutex_init(&rt->tls_mu, NULL);
   if (pthread_key_create(&rt->tls_key, NULL) != 0) {
     free(rt);

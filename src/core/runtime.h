@@ -9,9 +9,9 @@
  *
  * Lock order (outer to inner): a slot's mu -> a stream's lock-map spin lock -> d2h_gate ->
  * budget mu, arena mutex, disk_mu, completion mutex, engine mutex, event pool mutex, tls_mu,
- * ctl_mu. A thread never holds two slot mutexes at once except through a trylock, and no
- * user or controller callback runs while any of these is held (callbacks are collected and
- * delivered afterwards).
+ * ctl_mu, hints_mu. A thread never holds two slot mutexes at once except through a trylock,
+ * and no user or controller callback runs while any of these is held (callbacks are
+ * collected and delivered afterwards).
  */
 #ifndef SPILLWAY_CORE_RUNTIME_H
 #define SPILLWAY_CORE_RUNTIME_H
@@ -30,6 +30,7 @@
 #include "engine.h"
 #include "event_pool.h"
 #include "handle_table.h"
+#include "hint_set.h"
 #include "host_arena.h"
 #include "log.h"
 #include "stream_table.h"
@@ -53,6 +54,7 @@ typedef struct spw_counters {
   _Atomic uint64_t disk_requests; /* counted by the disk tier itself */
   _Atomic uint64_t host_bytes, disk_bytes; /* authoritative bytes per tier (buffer_state.c) */
   _Atomic uint64_t host_deferred; /* host extent bytes waiting for a stream to be returned */
+  _Atomic uint64_t hints_merged, hints_replaced, prefetch_dropped; /* jobs.c, budget.c */
 } spw_counters_t;
 
 struct spw_runtime {
@@ -80,6 +82,10 @@ struct spw_runtime {
   spw_completions_t *completions;
   spw_event_pool_t events;
   spw_trace_t *trace; /* NULL unless SPILLWAY_TRACE: every hook is `if (rt->trace)` */
+
+  /* The pending hints (jobs.c): at most one wish per buffer. hints_mu is a leaf lock. */
+  pthread_mutex_t hints_mu;
+  spw_hint_set_t hints;
 
   /* Orders what is enqueued on the engine's download stream against acquires that abandon
    * a spill: a mover checks that its victims are still SPILLING and enqueues their copies

@@ -77,6 +77,7 @@ typedef struct up_item {
   spw_move_t m;
   void *d;
   int status;
+  int dropped; /* a hint's buffer that found no room that would stay: left where it is */
   spw_move_end_t end;
 } up_item_t;
 
@@ -87,6 +88,8 @@ typedef struct up_run {
   spw_copy_desc_t *descs;
   spw_stream_t h2d;
   uint64_t held;  /* reserved for items not yet committed (this part and the one in flight) */
+  int hint;       /* a prefetch hint: room as spw__device_get_hint gives it */
+  int full;       /* (hint) no more room: the rest of the request is dropped */
   size_t moved;
   uint64_t moved_bytes;
 } up_run_t;
@@ -98,9 +101,18 @@ static void up_start(void *ctx, spw_part_t *p) {
   for (; i < r->n && i - p->first < UP_PART_ITEMS; i++) {
     up_item_t *it = &r->it[i];
     if (i > p->first && bytes + it->m.size > UP_PART_BYTES) break;
-    it->status = spw__device_get(r->rt, it->m.size, r->h2d, r->held, &it->d);
+    if (r->full) {
+      it->status = SPW_ERR_OUT_OF_MEMORY;
+    } else if (r->hint) {
+      it->status = spw__device_get_hint(r->rt, it->m.size, r->h2d, r->held, &it->d);
+      r->full = it->status == SPW_ERR_OUT_OF_MEMORY;
+    } else {
+      it->status = spw__device_get(r->rt, it->m.size, r->h2d, r->held, &it->d);
+    }
     /* Room that only what this prefetch holds can give: finish what is in flight first. */
     if (it->status == SPW_ERR_NOT_READY) break;
+    it->dropped = r->full;
+    if (it->dropped) continue; /* takes no room, and no place in a copy */
     bytes += it->m.size;
     if (it->status != SPW_OK) continue;
     r->held += it->m.size;
@@ -126,7 +138,8 @@ static void up_finish(void *ctx, spw_part_t *p) {
     }
     /* Landed: resident with no WAIT, and the host copy kept as a clean copy. */
     spw_place_t to = {.dptr = it->d}, release;
-    it->end = spw__move_commit(rt, &it->m, &to, SPW_W_CLEAN, 0, &release);
+    uint64_t flags = SPW_W_CLEAN | (r->hint ? SPW_COMMIT_PREFETCHED : 0);
+    it->end = spw__move_commit(rt, &it->m, &to, flags, 0, &release);
     uint64_t device = spw__place_release(rt, &release, it->m.size, NULL);
     if (device) spw__budget_credit(rt, device);
     if (it->end == SPW_MOVE_DONE) {
@@ -136,9 +149,9 @@ static void up_finish(void *ctx, spw_part_t *p) {
   }
 }
 
-size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n) {
+size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint) {
   uint64_t t0 = spw__now_ns();
-  up_run_t r = {.rt = rt, .h2d = spw__h2d(rt)};
+  up_run_t r = {.rt = rt, .h2d = spw__h2d(rt), .hint = hint};
   r.it = malloc(n * sizeof *r.it);
   r.descs = malloc((n < UP_PART_ITEMS ? n : UP_PART_ITEMS) * sizeof *r.descs);
   if (!r.it || !r.descs) {
@@ -163,13 +176,16 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n) {
   atomic_fetch_add(&rt->c.unspills, r.moved);
   atomic_fetch_add(&rt->c.unspill_bytes, r.moved_bytes);
   atomic_fetch_add(&rt->c.unspill_ns, dt);
+  uint64_t dropped = 0;
   for (size_t i = 0; i < r.n; i++) {
     up_item_t *it = &r.it[i];
+    dropped += it->dropped;
     if (it->end == SPW_MOVE_DONE)
       spw__report_move(rt, it->m.h, SPW_STATE_HOST, SPW_STATE_RESIDENT, it->m.size, dt, SPW_OK);
-    else if (it->end == SPW_MOVE_BACK)
+    else if (it->end == SPW_MOVE_BACK && !it->dropped)
       spw__report_move(rt, it->m.h, SPW_STATE_HOST, SPW_STATE_HOST, 0, dt, it->status);
   }
+  if (dropped) atomic_fetch_add_explicit(&rt->c.prefetch_dropped, dropped, memory_order_relaxed);
   free(r.it);
   return r.moved;
 }

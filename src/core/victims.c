@@ -1,5 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The victim policy: least recently used first, after the controller's own choices.
+/* The victim policy: least recently used first, after the controller's own choices, and
+ * buffers that a prefetch brought back and nobody has acquired yet last of all: they are
+ * what the program said it will use next. Room for a prefetch never comes from them (see
+ * SPW_VICTIMS_FOR_HINT), so one prefetch cannot push out what another brought in.
  *
  * Candidates come from one scan of the slots without locks (a snapshot: a candidate may
  * be locked, moved or freed by the time it is claimed, and the claim, a trylock plus a CAS
@@ -18,11 +21,12 @@
 
 typedef struct candidate {
   uint64_t last_use;
-  uint32_t index, gen;
+  uint32_t index, gen, prefetched;
 } candidate_t;
 
 static int by_age(const void *a, const void *b) {
   const candidate_t *x = a, *y = b;
+  if (x->prefetched != y->prefetched) return x->prefetched ? 1 : -1;
   if (x->last_use != y->last_use) return x->last_use < y->last_use ? -1 : 1;
   return x->index < y->index ? -1 : x->index > y->index;
 }
@@ -32,9 +36,10 @@ static int idle_in(uint64_t w, uint32_t state) {
          !(w & (SPW_W_FREE_PENDING | SPW_W_MOVING));
 }
 
-/* The idle buffers in `state` (with all of `flags`), oldest first (malloc'd; NULL when
- * memory runs out). */
-static candidate_t *scan(spw_runtime_t *rt, uint32_t state, uint64_t flags, size_t *n) {
+/* The idle buffers in `state` (with all of `flags`), oldest first, prefetched ones last or,
+ * with `skip_prefetched`, not at all (malloc'd; NULL when memory runs out). */
+static candidate_t *scan(spw_runtime_t *rt, uint32_t state, uint64_t flags, int skip_prefetched,
+                         size_t *n) {
   uint32_t nslots = atomic_load(&rt->handles.nslots);
   candidate_t *c = malloc((size_t)nslots * sizeof *c + 1);
   *n = 0;
@@ -43,8 +48,10 @@ static candidate_t *scan(spw_runtime_t *rt, uint32_t state, uint64_t flags, size
     spw_slot_t *s = spw__handles_slot_at(&rt->handles, i);
     uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
     if (!idle_in(w, state) || (w & flags) != flags) continue;
+    uint32_t prefetched = atomic_load_explicit(&s->prefetched, memory_order_relaxed);
+    if (prefetched && skip_prefetched) continue;
     c[*n] = (candidate_t){atomic_load_explicit(&s->last_use, memory_order_relaxed), i,
-                          spw__w_gen(w)};
+                          spw__w_gen(w), prefetched};
     (*n)++;
   }
   qsort(c, *n, sizeof *c, by_age);
@@ -73,18 +80,19 @@ static size_t claim_named(spw_runtime_t *rt, uint64_t bytes, spw_victim_t *v, ui
 }
 
 /* The victims of spw__spill_lru or spw__spill_clean: the controller's first unless
- * `clean_only`, then the least recently used. */
+ * `clean_only`, then the least recently used. For a hint, neither the controller's choices
+ * (they may be prefetched buffers) nor prefetched buffers. */
 static uint64_t spill_some(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason,
-                           int clean_only, int *why) {
+                           int clean_only, int for_hint, int *why) {
   if (why) *why = SPW_OK;
   uint32_t nslots = atomic_load(&rt->handles.nslots);
   spw_victim_t *v = malloc(((size_t)nslots + 64) * sizeof *v);
   if (!v) return 0;
   uint64_t claimed = 0;
-  size_t nv = clean_only ? 0 : claim_named(rt, bytes, v, &claimed);
+  size_t nv = clean_only || for_hint ? 0 : claim_named(rt, bytes, v, &claimed);
   if (claimed < bytes) {
     size_t nc = 0;
-    candidate_t *c = scan(rt, SPW_STATE_RESIDENT, clean_only ? SPW_W_CLEAN : 0, &nc);
+    candidate_t *c = scan(rt, SPW_STATE_RESIDENT, clean_only ? SPW_W_CLEAN : 0, for_hint, &nc);
     for (size_t i = 0; c && i < nc && claimed < bytes; i++) {
       spw_slot_t *s = spw__handles_slot_at(&rt->handles, c[i].index);
       spw_buf_t h = spw__handle_make(&rt->handles, c[i].gen, c[i].index);
@@ -113,18 +121,25 @@ static uint64_t spill_some(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t
 
 uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason, int *why) {
   uint64_t t0 = rt->trace ? spw__now_ns() : 0;
-  uint64_t moved = spill_some(rt, bytes, reason, 0, why);
+  uint64_t moved = spill_some(rt, bytes, reason, 0, 0, why);
   if (t0) spw__trace_spill_for_room(rt->trace, reason == SPW_SPILL_BACKGROUND, bytes, moved, t0);
   return moved;
 }
 
+uint64_t spw__spill_for_hint(spw_runtime_t *rt, uint64_t bytes) {
+  uint64_t t0 = rt->trace ? spw__now_ns() : 0;
+  uint64_t moved = spill_some(rt, bytes, SPW_SPILL_ON_DEMAND, 0, 1, NULL);
+  if (t0) spw__trace_spill_for_room(rt->trace, 0, bytes, moved, t0);
+  return moved;
+}
+
 uint64_t spw__spill_clean(spw_runtime_t *rt, uint64_t bytes) {
-  return spill_some(rt, bytes, SPW_SPILL_ON_DEMAND, 1, NULL);
+  return spill_some(rt, bytes, SPW_SPILL_ON_DEMAND, 1, 0, NULL);
 }
 
 uint64_t spw__demote_lru(spw_runtime_t *rt, uint64_t bytes) {
   size_t nc = 0;
-  candidate_t *c = scan(rt, SPW_STATE_HOST, 0, &nc);
+  candidate_t *c = scan(rt, SPW_STATE_HOST, 0, 0, &nc);
   uint64_t freed = 0;
   for (size_t i = 0; c && i < nc && freed < bytes; i++) {
     spw_slot_t *s = spw__handles_slot_at(&rt->handles, c[i].index);

@@ -1,0 +1,49 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Private header, never installed: the pending hints, one entry per buffer.
+ *
+ * A hint (spw_spill, spw_spill_n, spw_prefetch, spw_prefetch_n) is a wish about where a
+ * buffer should be, not a command to carry out once per call: the set keeps at most one
+ * pending wish per buffer, so however often a hint is sent, what the engine has left to do
+ * never exceeds one move per buffer. A hint equal to the pending one merges with it; a
+ * different one replaces it (the newest wish wins). An entry stays until the lane that
+ * acts on its wish has finished with the buffer, so a hint for a buffer being moved merges
+ * too.
+ *
+ * Not thread-safe: the owner (jobs.c) holds its own mutex around every call.
+ */
+#ifndef SPILLWAY_CORE_HINT_SET_H
+#define SPILLWAY_CORE_HINT_SET_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "spillway/spillway.h"
+
+typedef enum spw_wish {
+  SPW_WISH_NONE = 0,
+  SPW_WISH_PREFETCH,  /* up lane */
+  SPW_WISH_HOST,      /* down lane: spill to host */
+  SPW_WISH_DISK,      /* down lane: spill (or demote) to disk */
+} spw_wish_t;
+
+typedef struct spw_hint {
+  spw_buf_t buf;  /* 0: an empty cell */
+  uint8_t wish;   /* spw_wish_t */
+  uint8_t queued; /* bit per lane (1 << spw_lane_t): the handle is in that lane's queue */
+} spw_hint_t;
+
+typedef struct spw_hint_set {
+  spw_hint_t *cells; /* open addressing, linear probing; a power of two long */
+  size_t cap, n;
+} spw_hint_set_t;
+
+/* The entry of `buf`, or NULL. */
+spw_hint_t *spw__hints_find(spw_hint_set_t *s, spw_buf_t buf);
+/* The entry of `buf`, added empty (wish NONE, queued 0) if absent; NULL when out of memory.
+ * Pointers from earlier calls may move. */
+spw_hint_t *spw__hints_add(spw_hint_set_t *s, spw_buf_t buf);
+/* Removes `buf`'s entry if there is one. */
+void spw__hints_remove(spw_hint_set_t *s, spw_buf_t buf);
+void spw__hints_destroy(spw_hint_set_t *s);
+
+#endif /* SPILLWAY_CORE_HINT_SET_H */

@@ -1,0 +1,295 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Hints have a bounded cost, however often they are sent (issue 17: a burst of prefetch and
+ * spill hints queued without bound, and the engine then thrashed for minutes carrying out
+ * each one in turn, every prefetch pushing out what the one before brought in).
+ *
+ * The rules under test (docs/design.md, "Hints"): one pending wish per buffer (a repeat
+ * merges, a different one replaces it); a prefetch brings in only what can stay and never
+ * pushes out buffers that a prefetch brought in and nobody has acquired yet; the rest of a
+ * request that does not fit is dropped and counted; spw_wait_idle waits for the work queued
+ * before it and not for work other threads keep sending.
+ *
+ * To make hints pile up deterministically, a gate holds one of the engine's streams: the
+ * lane blocks on its first job, and every hint sent meanwhile queues behind it. */
+#include <pthread.h>
+#include <stdatomic.h>
+
+#include "gate.h"
+#include "moves.h"
+#include "test_main.h"
+#include "test_util.h"
+
+#define MIB ((size_t)1 << 20)
+enum { NB = 16 };
+
+typedef struct fixture {
+  spw_runtime_t *rt;
+  spw_stream_t s;
+  spw_buf_t b[NB];
+} fixture_t;
+
+/* An 8 MiB budget (high watermark 95%: seven 1 MiB buffers stay) and NB buffers of 1 MiB,
+ * all spilled to host. */
+static fixture_t fixture_on_host(void) {
+  fixture_t f;
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.device_limit = 8 * MIB;
+  f.rt = test_runtime(&cfg);
+  ASSERT_OK(spw_stream_create(f.rt, &f.s));
+  for (int i = 0; i < NB; i++) {
+    f.b[i] = test_filled(f.rt, f.s, MIB, 100 + (uint64_t)i);
+    ASSERT_OK(spw_spill(f.rt, f.b[i], SPW_TIER_HOST));
+  }
+  ASSERT_OK(spw_wait_idle(f.rt));
+  for (int i = 0; i < NB; i++) ASSERT_EQ(state_of(f.rt, f.b[i]), SPW_STATE_HOST);
+  return f;
+}
+
+static void fixture_close(fixture_t *f) {
+  for (int i = 0; i < NB; i++) test_expect_fill(f->rt, f->b[i], f->s, MIB, 100 + (uint64_t)i);
+  for (int i = 0; i < NB; i++) ASSERT_OK(spw_free(f->rt, f->b[i]));
+  ASSERT_OK(spw_runtime_destroy(f->rt));
+}
+
+static int count_in(spw_runtime_t *rt, const spw_buf_t *b, int n, spw_state_t st) {
+  int k = 0;
+  for (int i = 0; i < n; i++) k += state_of(rt, b[i]) == st;
+  return k;
+}
+
+/* Waits (with a deadline) until buffer b is in state st. */
+static void await_state(spw_runtime_t *rt, spw_buf_t b, spw_state_t st) {
+  for (uint64_t t0 = test_now_ms(); state_of(rt, b) != st && test_now_ms() - t0 < 5000;)
+    test_sleep_ms(1);
+  ASSERT_EQ(state_of(rt, b), st);
+}
+
+/* Holds the upload lane: prefetches b, whose copy waits behind the gate on the upload
+ * stream, and returns once the lane has taken it. */
+static void hold_upload_lane(fixture_t *f, gate_t *g, spw_buf_t b) {
+  gate_init(g);
+  ASSERT_OK(f->rt->ops->launch_host_func(f->rt->be, spw__h2d(f->rt), gate_wait, g));
+  gate_await_entered(g);
+  ASSERT_OK(spw_prefetch(f->rt, b, f->s));
+  await_state(f->rt, b, SPW_STATE_UNSPILLING);
+}
+
+static void duplicate_handles_in_one_request_move_once(void) {
+  fixture_t f = fixture_on_host();
+  spw_buf_t many[4 * 100];
+  for (int i = 0; i < 4 * 100; i++) many[i] = f.b[i % 4];
+  const spw_stats_t before = stats_of(f.rt);
+  ASSERT_OK(spw_prefetch_n(f.rt, many, 4 * 100, f.s));
+  ASSERT_OK(spw_wait_idle(f.rt));
+  const spw_stats_t after = stats_of(f.rt);
+  ASSERT_EQ(count_in(f.rt, f.b, 4, SPW_STATE_RESIDENT), 4);
+  ASSERT_UEQ(after.unspills - before.unspills, 4);
+  ASSERT_UEQ(after.hints_merged - before.hints_merged, 4 * 100 - 4);
+  ASSERT_UEQ(after.hints_pending, 0);
+  fixture_close(&f);
+}
+
+/* The burst of the issue, held still: 50 prefetches of every buffer queue while the upload
+ * lane is busy. They are one request of NB buffers; what fits comes in, once; nothing is
+ * pushed out to make room for more, and the rest is dropped. */
+static void a_burst_of_prefetches_moves_each_buffer_at_most_once(void) {
+  fixture_t f = fixture_on_host();
+  gate_t g;
+  hold_upload_lane(&f, &g, f.b[0]);
+  const spw_stats_t before = stats_of(f.rt);
+  for (int round = 0; round < 50; round++) ASSERT_OK(spw_prefetch_n(f.rt, f.b, NB, f.s));
+  ASSERT_UEQ(stats_of(f.rt).hints_pending, NB);
+  gate_open(&g);
+  ASSERT_OK(spw_wait_idle(f.rt));
+  const spw_stats_t after = stats_of(f.rt);
+  const int resident = count_in(f.rt, f.b, NB, SPW_STATE_RESIDENT);
+  printf("  %d resident, %llu unspills, %llu dropped, %llu merged\n", resident,
+         (unsigned long long)(after.unspills - before.unspills),
+         (unsigned long long)(after.prefetch_dropped - before.prefetch_dropped),
+         (unsigned long long)(after.hints_merged - before.hints_merged));
+  ASSERT_UEQ(after.unspills - before.unspills, (uint64_t)resident); /* each once, b[0] too */
+  ASSERT_UEQ(after.spills, before.spills);                  /* no prefetch evicted another */
+  ASSERT_LE((uint64_t)resident * MIB, after.device_limit * 95 / 100); /* what can stay */
+  ASSERT_UEQ(after.prefetch_dropped - before.prefetch_dropped, NB - (uint64_t)resident);
+  ASSERT_UEQ(after.hints_merged - before.hints_merged, 49 * NB + 1); /* b[0] was moving */
+  ASSERT_UEQ(after.failures, 0);
+  ASSERT_UEQ(after.hints_pending, 0);
+  ASSERT_TRUE(!gate_timed_out(&g));
+  gate_fini(&g);
+  fixture_close(&f);
+}
+
+/* Spill hints merge the same way: a buffer asked to spill 200 times spills once. */
+static void repeated_spill_hints_spill_once(void) {
+  fixture_t f = fixture_on_host();
+  ASSERT_OK(spw_acquire(f.rt, f.b[1], f.s, 0, &(void *){NULL}));
+  ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
+  gate_t g;
+  gate_init(&g);
+  /* Holds the download lane: the spill of b[2] waits behind the gate. */
+  ASSERT_OK(spw_acquire(f.rt, f.b[2], f.s, 0, &(void *){NULL}));
+  ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
+  ASSERT_OK(f.rt->ops->launch_host_func(f.rt->be, spw__d2h(f.rt), gate_wait, &g));
+  gate_await_entered(&g);
+  ASSERT_OK(spw_spill(f.rt, f.b[2], SPW_TIER_HOST));
+  await_state(f.rt, f.b[2], SPW_STATE_SPILLING);
+  const spw_stats_t before = stats_of(f.rt);
+  spw_buf_t same[100];
+  for (int i = 0; i < 100; i++) same[i] = f.b[1];
+  for (int i = 0; i < 100; i++) ASSERT_OK(spw_spill(f.rt, f.b[1], SPW_TIER_HOST));
+  ASSERT_OK(spw_spill_n(f.rt, same, 100, SPW_TIER_HOST));
+  gate_open(&g);
+  ASSERT_OK(spw_wait_idle(f.rt));
+  const spw_stats_t after = stats_of(f.rt);
+  ASSERT_EQ(state_of(f.rt, f.b[1]), SPW_STATE_HOST);
+  ASSERT_UEQ(after.spills - before.spills, 2); /* b[2] and b[1], once each */
+  ASSERT_UEQ(after.hints_merged - before.hints_merged, 199);
+  ASSERT_TRUE(!gate_timed_out(&g));
+  gate_fini(&g);
+  fixture_close(&f);
+}
+
+/* The newest wish wins: a spill queued behind a busy lane, then a prefetch of the same
+ * buffer, and the buffer stays on the device. */
+static void a_newer_hint_replaces_an_older_one(void) {
+  fixture_t f = fixture_on_host();
+  ASSERT_OK(spw_acquire(f.rt, f.b[1], f.s, 0, &(void *){NULL}));
+  ASSERT_OK(spw_acquire(f.rt, f.b[2], f.s, 0, &(void *){NULL}));
+  ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
+  gate_t g;
+  gate_init(&g);
+  ASSERT_OK(f.rt->ops->launch_host_func(f.rt->be, spw__d2h(f.rt), gate_wait, &g));
+  gate_await_entered(&g);
+  ASSERT_OK(spw_spill(f.rt, f.b[2], SPW_TIER_HOST)); /* holds the download lane */
+  await_state(f.rt, f.b[2], SPW_STATE_SPILLING);
+  const spw_stats_t before = stats_of(f.rt);
+  ASSERT_OK(spw_spill_n(f.rt, &f.b[1], 1, SPW_TIER_DISK));
+  ASSERT_OK(spw_prefetch_n(f.rt, &f.b[1], 1, f.s)); /* replaces the spill */
+  gate_open(&g);
+  ASSERT_OK(spw_wait_idle(f.rt));
+  const spw_stats_t after = stats_of(f.rt);
+  ASSERT_EQ(state_of(f.rt, f.b[1]), SPW_STATE_RESIDENT);
+  ASSERT_UEQ(after.hints_replaced - before.hints_replaced, 1);
+  ASSERT_UEQ(after.spills - before.spills, 1); /* b[2] only */
+  ASSERT_UEQ(after.hints_pending, 0);
+  ASSERT_TRUE(!gate_timed_out(&g));
+  gate_fini(&g);
+  fixture_close(&f);
+}
+
+/* A prefetch makes room only from buffers nobody said they would use next: what an earlier
+ * prefetch brought in stays until it is acquired; once acquired, it is an ordinary victim. */
+static void a_prefetch_never_pushes_out_an_unconsumed_prefetch(void) {
+  fixture_t f = fixture_on_host();
+  ASSERT_OK(spw_prefetch_n(f.rt, f.b, 6, f.s));
+  ASSERT_OK(spw_wait_idle(f.rt));
+  ASSERT_EQ(count_in(f.rt, f.b, 6, SPW_STATE_RESIDENT), 6);
+  const spw_stats_t before = stats_of(f.rt);
+  ASSERT_OK(spw_prefetch_n(f.rt, f.b + 6, 6, f.s));
+  ASSERT_OK(spw_wait_idle(f.rt));
+  ASSERT_EQ(count_in(f.rt, f.b, 6, SPW_STATE_RESIDENT), 6);   /* all still there */
+  ASSERT_EQ(count_in(f.rt, f.b + 6, 6, SPW_STATE_RESIDENT), 1); /* 7 MiB stay below 7.6 */
+  ASSERT_UEQ(stats_of(f.rt).prefetch_dropped - before.prefetch_dropped, 5);
+  ASSERT_UEQ(stats_of(f.rt).spills, before.spills);
+  /* b[0] is used: consumed, it may now make room for the next prefetch. */
+  void *d;
+  ASSERT_OK(spw_acquire(f.rt, f.b[0], f.s, SPW_ACQUIRE_READ, &d));
+  ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
+  ASSERT_OK(spw_prefetch_n(f.rt, f.b + 6, 6, f.s));
+  ASSERT_OK(spw_wait_idle(f.rt));
+  ASSERT_TRUE(state_of(f.rt, f.b[0]) != SPW_STATE_RESIDENT);
+  ASSERT_EQ(count_in(f.rt, f.b + 1, 5, SPW_STATE_RESIDENT), 5);
+  ASSERT_EQ(count_in(f.rt, f.b + 6, 6, SPW_STATE_RESIDENT), 2);
+  fixture_close(&f);
+}
+
+/* Prefetched buffers are protected from prefetches only: an allocation that needs their
+ * room gets it. */
+static void an_allocation_may_push_out_prefetched_buffers(void) {
+  fixture_t f = fixture_on_host();
+  ASSERT_OK(spw_prefetch_n(f.rt, f.b, 7, f.s));
+  ASSERT_OK(spw_wait_idle(f.rt));
+  ASSERT_EQ(count_in(f.rt, f.b, 7, SPW_STATE_RESIDENT), 7);
+  spw_buf_t big;
+  ASSERT_OK(spw_alloc(f.rt, 4 * MIB, f.s, &big));
+  ASSERT_LE(count_in(f.rt, f.b, 7, SPW_STATE_RESIDENT), 4);
+  ASSERT_OK(spw_free(f.rt, big));
+  fixture_close(&f);
+}
+
+/* Hints sent by other threads without pause cannot hold spw_wait_idle back: it waits for
+ * what was queued before it. */
+typedef struct sender {
+  fixture_t *f;
+  atomic_int stop;
+  uint64_t seed;
+} sender_t;
+
+static void *send_hints(void *arg) {
+  sender_t *s = arg;
+  uint64_t x = s->seed;
+  spw_buf_t pick[4];
+  while (!atomic_load(&s->stop)) {
+    for (int i = 0; i < 4; i++) {
+      x = x * 6364136223846793005ull + 1442695040888963407ull;
+      pick[i] = s->f->b[(x >> 33) % NB];
+    }
+    if ((x >> 20) & 1) ASSERT_OK(spw_prefetch_n(s->f->rt, pick, 4, s->f->s));
+    else ASSERT_OK(spw_spill_n(s->f->rt, pick, 4, SPW_TIER_HOST));
+  }
+  return NULL;
+}
+
+typedef struct waiter {
+  spw_runtime_t *rt;
+  atomic_int done;
+  int status;
+} waiter_t;
+
+static void *wait_idle_main(void *arg) {
+  waiter_t *w = arg;
+  w->status = spw_wait_idle(w->rt);
+  atomic_store(&w->done, 1);
+  return NULL;
+}
+
+static void wait_idle_returns_while_other_threads_keep_sending_hints(void) {
+  fixture_t f = fixture_on_host();
+  sender_t s[2] = {{&f, 0, 1}, {&f, 0, 2}};
+  pthread_t t[2];
+  for (int i = 0; i < 2; i++) ASSERT_EQ(pthread_create(&t[i], NULL, send_hints, &s[i]), 0);
+  for (int round = 0; round < 20; round++) {
+    waiter_t w = {f.rt, 0, -1};
+    pthread_t wt;
+    ASSERT_EQ(pthread_create(&wt, NULL, wait_idle_main, &w), 0);
+    /* A deadline for liveness only: the wait is one run of each lane. */
+    for (uint64_t t0 = test_now_ms(); !atomic_load(&w.done) && test_now_ms() - t0 < 30000;)
+      test_sleep_ms(1);
+    ASSERT_EQ(atomic_load(&w.done), 1);
+    ASSERT_EQ(pthread_join(wt, NULL), 0);
+    ASSERT_OK(w.status);
+  }
+  for (int i = 0; i < 2; i++) atomic_store(&s[i].stop, 1);
+  for (int i = 0; i < 2; i++) ASSERT_EQ(pthread_join(t[i], NULL), 0);
+  ASSERT_OK(spw_wait_idle(f.rt));
+  /* Once idle, nothing moves any more. */
+  const spw_stats_t a = stats_of(f.rt);
+  test_sleep_ms(50);
+  const spw_stats_t b = stats_of(f.rt);
+  ASSERT_UEQ(a.spill_bytes, b.spill_bytes);
+  ASSERT_UEQ(a.unspill_bytes, b.unspill_bytes);
+  ASSERT_UEQ(b.hints_pending, 0);
+  fixture_close(&f);
+}
+
+static const spw_test_t tests[] = {
+    TEST(duplicate_handles_in_one_request_move_once),
+    TEST(a_burst_of_prefetches_moves_each_buffer_at_most_once),
+    TEST(repeated_spill_hints_spill_once),
+    TEST(a_newer_hint_replaces_an_older_one),
+    TEST(a_prefetch_never_pushes_out_an_unconsumed_prefetch),
+    TEST(an_allocation_may_push_out_prefetched_buffers),
+    TEST(wait_idle_returns_while_other_threads_keep_sending_hints),
+};
+
+TEST_MAIN(tests)
