@@ -3,13 +3,16 @@
 # The GPU machine's checks, in phases, for a lent H100/H200 (no network, a 10-minute limit
 # per command): run from the repository root, with the phases of one command as arguments.
 #
-#   setup        record the device; use .deps/pkgconf and .deps/liburing (unpacked Debian
-#                packages, carried) when the machine lacks them
+#   setup        record the device and the carried dependencies used (scripts/gpu_env.sh:
+#                .deps/pkgconf and .deps/liburing, unpacked Debian packages, when the
+#                machine lacks them)
 #   build        configure and build build-gpu/ (Release, sm_90, liburing static)
 #   tests        ctest -L gpu, one test at a time (each runtime sizes its budget from the
 #                free device memory), then the cpu tests in parallel
 #   sanitizer    compute-sanitizer memcheck and synccheck over the GPU behaviour tests, the
-#                examples and the stress test (short runs)
+#                launch tests, the examples and the stress test (short runs)
+#   launch       the launch wrappers alone: every test and example with "launch" in its
+#                name, one at a time, then bench/launch_overhead
 #   soak-start   the 10-minute soak (tests/stress: 16 threads, 4x oversubscribed, disk tier
 #                on, spills and prefetches from another thread) in the background, detached
 #   soak-wait    waits for it and prints its result
@@ -25,17 +28,14 @@
 # Knobs for a short session: SPW_CTEST_EXCLUDE (a ctest -E regex for `tests`), SPW_BENCHES
 # (which of lock_latency spill_bw disk_bw launch_overhead), SPW_OVERSUB_RUNS (3),
 # SPW_BENCH_DEMO (1: run the demo after the benches), SPW_SUITE_SECONDS (560, per suite).
-# Logs go to $SPW_GPU_LOGS (default /tmp/gpu-logs, kept across the commands of one machine);
-# the summary lines go to stdout. SPW_COMMIT names the commit in the logs.
+# Logs go to $SPW_GPU_LOGS (default /tmp/gpu-logs, kept across the commands of one machine;
+# scripts/gpu_env.sh sets it up for every GPU script); the summary lines go to stdout.
+# SPW_COMMIT names the commit in the logs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-logs=${SPW_GPU_LOGS:-/tmp/gpu-logs}
-mkdir -p "$logs"
+. scripts/gpu_env.sh
+logs=$SPW_GPU_LOGS
 build=build-gpu
-export PATH=/usr/local/cuda/bin:$PATH
-[ -d "$PWD/.deps/pkgconf/usr/bin" ] && ! command -v pkg-config >/dev/null &&
-  export PATH=$PWD/.deps/pkgconf/usr/bin:$PATH LD_LIBRARY_PATH=$PWD/.deps/pkgconf/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-export SPILLWAY_SPILL_DIR=${SPILLWAY_SPILL_DIR:-/tmp}
 
 phase_setup() {
   {
@@ -45,15 +45,14 @@ phase_setup() {
     nproc
     df -h /tmp | tail -1
     command -v compute-sanitizer pkg-config nvcc python3
+    echo "PKG_CONFIG_PATH=${PKG_CONFIG_PATH:-} CMAKE_PREFIX_PATH=${CMAKE_PREFIX_PATH:-}"
   } >"$logs/machine.txt" 2>&1
   head -4 "$logs/machine.txt" | tail -2
 }
 
-phase_build() {
-  local prefix=()
-  [ -f /usr/include/liburing.h ] || prefix=(-DCMAKE_PREFIX_PATH="$PWD/.deps/liburing/usr")
+phase_build() { # a carried liburing comes through PKG_CONFIG_PATH (scripts/gpu_env.sh)
   if cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90 \
-    "${prefix[@]}" >"$logs/build.log" 2>&1 && cmake --build "$build" -j"$(nproc)" >>"$logs/build.log" 2>&1; then
+    >"$logs/build.log" 2>&1 && cmake --build "$build" -j"$(nproc)" >>"$logs/build.log" 2>&1; then
     echo "build: ok ($(grep -m1 'liburing' "$logs/build.log" | sed 's/^-- //'))"
   else
     echo "build: FAILED"
@@ -75,23 +74,30 @@ phase_tests() {
 phase_sanitizer() {
   local t tool rc
   for tool in memcheck synccheck; do
-    for t in test_spill test_abandon test_budget test_stream_release test_locks test_launch_kernel; do
-      [ -x "$build/tests/$t" ] || continue
-      # test_launch_kernel makes CUDA refuse a launch on purpose (and checks the status it
-      # gets): memcheck would count that API error as one of its own.
-      local api=()
-      [ "$t" = test_launch_kernel ] && api=(--report-api-errors no)
-      SPILLWAY_BACKEND=cuda timeout 300 compute-sanitizer --tool "$tool" --error-exitcode 99 \
-        "${api[@]}" --print-limit 20 "$build/tests/$t" >"$logs/san-$tool-$t.log" 2>&1
+    for t in tests/test_spill tests/test_abandon tests/test_budget tests/test_stream_release \
+      tests/test_locks tests/test_launch_kernel tests/test_launch_cpp_nvcc \
+      docs/examples/example_launch_c docs/examples/example_launch_cpp; do
+      [ -x "$build/$t" ] || continue
+      # The launch tests make CUDA refuse a launch on purpose (and check the status they
+      # get): memcheck would count that API error as one of its own.
+      local api=() name=${t##*/}
+      [[ $name == *launch* ]] && api=(--report-api-errors no)
+      SPILLWAY_BACKEND=cuda SPILLWAY_LOG_LEVEL=warn timeout 300 compute-sanitizer --tool "$tool" \
+        --error-exitcode 99 "${api[@]}" --print-limit 20 "$build/$t" >"$logs/san-$tool-$name.log" 2>&1
       rc=$?
-      echo "$tool $t rc=$rc: $(grep -m1 'ERROR SUMMARY' "$logs/san-$tool-$t.log")"
+      echo "$tool $name rc=$rc: $(grep -m1 'ERROR SUMMARY' "$logs/san-$tool-$name.log")"
     done
-    [ -x "$build/docs/examples/example_launch_c" ] &&
-      SPILLWAY_BACKEND=cuda timeout 120 compute-sanitizer --tool "$tool" --error-exitcode 99 \
-        "$build/docs/examples/example_launch_c" >"$logs/san-$tool-example.log" 2>&1 &&
-      echo "$tool example_launch_c: $(grep -m1 'ERROR SUMMARY' "$logs/san-$tool-example.log")"
   done
   OUT=$logs SAN_SECONDS=${SAN_SECONDS:-20} tests/stress/run_gpu_stress.sh "$build" memcheck synccheck
+}
+
+phase_launch() {
+  ctest --test-dir "$build" -R launch -j1 --output-on-failure >"$logs/ctest-launch.log" 2>&1
+  echo "launch tests rc=$?: $(grep -E 'tests passed' "$logs/ctest-launch.log")"
+  grep -E "Failed|\*\*\*|Exception|Not Run" "$logs/ctest-launch.log" | head -20
+  SPILLWAY_BACKEND=cuda timeout 300 "$build/bench/launch_overhead" >"$logs/launch_overhead.txt" 2>&1
+  echo "== launch_overhead rc=$?"
+  tail -22 "$logs/launch_overhead.txt"
 }
 
 phase_soak_start() {
@@ -140,6 +146,7 @@ for phase in "$@"; do
   build) phase_build || exit 1 ;;
   tests) phase_tests ;;
   sanitizer) phase_sanitizer ;;
+  launch) phase_launch ;;
   soak-start) phase_soak_start ;;
   soak-wait) phase_soak_wait ;;
   bench) phase_bench ;;
@@ -154,7 +161,7 @@ for phase in "$@"; do
   peers) OUT=$logs/peers bench/peers/run_peers.sh run -- ${SPW_PEERS_ARGS:-} ;;
   pack) phase_pack ;;
   *)
-    sed -n 3,26p "$0"
+    sed -n 3,33p "$0"
     exit 2
     ;;
   esac

@@ -11,7 +11,7 @@
 #                  through PYTHONPATH)
 #
 # ARGS go to run_peers.py (e.g. -- --tiers host --reps 3). Environment:
-#   OUT                 logs (default ./gpu-out-peers)
+#   OUT                 logs (default $SPW_GPU_LOGS/peers: scripts/gpu_env.sh's log directory)
 #   SPW_WHEELS          the carried wheels (default .whl): kvikio-cu13, libkvikio-cu13,
 #                       rapids-logger; optional/cuda_pathfinder-*.whl is installed only if
 #                       `import kvikio` fails without it
@@ -20,15 +20,17 @@
 #   SPW_COMMIT          printed in the report (default `git rev-parse` where .git is)
 #   SPW_PEERS_LIMIT     seconds for the run itself (default 560 less the install's time); at
 #                       the limit the script gets SIGINT and prints what it has measured
-# liburing: used from the system, else from .deps/liburing (an unpacked copy, as for
-# bench/run_gpu.sh); without it Spillway's disk tier runs on POSIX I/O and the report says so.
+# liburing: used from the system, else from .deps/liburing (an unpacked copy, set up by
+# scripts/gpu_env.sh as for every GPU script); without it Spillway's disk tier runs on POSIX
+# I/O and the report says so.
 #
 # Files in $OUT: gpu.txt, install.log, peers.log (everything), peers.md (the report),
 # peers.json (every measurement). The report is printed at the end.
 set -uo pipefail
 cd "$(dirname "$0")/../.." || exit 1
 start=$SECONDS
-out=${OUT:-gpu-out-peers}
+. scripts/gpu_env.sh # the log directory; carried pkg-config and liburing (.deps)
+out=${OUT:-$SPW_GPU_LOGS/peers}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 site=${SPW_SITE:-/tmp/site}
@@ -38,7 +40,6 @@ phase=all
 case "${1:-}" in all | install | run) phase=$1; shift ;; esac
 [ "${1:-}" = "--" ] && shift
 export PYTHONPATH=$site${PYTHONPATH:+:$PYTHONPATH}
-export SPILLWAY_SPILL_DIR=${SPILLWAY_SPILL_DIR:-/tmp}
 commit=${SPW_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv >"$out/gpu.txt" 2>&1
@@ -67,11 +68,6 @@ fi
 echo "$k"
 
 if [ "$phase" != run ]; then
-  if [ ! -f /usr/include/liburing.h ] && [ -d .deps/liburing ]; then
-    u=$PWD/.deps/liburing
-    export CMAKE_PREFIX_PATH=$u${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-    export PKG_CONFIG_PATH=$u/lib/pkgconfig:$u/usr/lib/pkgconfig:$u/usr/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  fi
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
     "$py" -m pip install --no-build-isolation --no-deps -v . >>"$out/install.log" 2>&1 ||
     { tail -40 "$out/install.log"; exit 1; }

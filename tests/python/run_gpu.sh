@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# The Python side on the GPU machine (no network): run from the repository root with OUT
-# set (default ./gpu-out-py), one phase per call so that each fits in 10 minutes:
+# The Python side on the GPU machine (no network): run from the repository root (or as
+# scripts/gpu_run.sh's py-* phases), one phase per call so that each fits in 10 minutes:
 #
 #   tests/python/run_gpu.sh install         carried wheels (.whl/*.whl) into /tmp/site,
 #                                           then `pip install .` (CMake + nvcc build)
@@ -14,12 +14,14 @@
 #                                           per-worker statistics, and a traced demo's picture
 #
 # Every phase after `install` expects it to have run on the same machine (a fresh machine
-# needs `install` again). Results go to $OUT; the last lines printed are the summary.
+# needs `install` again). Results go to $OUT (default $SPW_GPU_LOGS/python, the log
+# directory of scripts/gpu_env.sh); the last lines printed are the summary.
 # SPW_SUITE_JOBS (xdist workers, 12), SPW_SUITE_LIMIT (each worker's device budget, 6GiB)
 # and SPW_SUITE_PKGS (the test packages) tune the suite phases.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
-out=${OUT:-gpu-out-py}
+. scripts/gpu_env.sh # the log directory; carried pkg-config and liburing (.deps)
+out=${OUT:-$SPW_GPU_LOGS/python}
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 site=/tmp/site
@@ -61,15 +63,8 @@ install)
     python3 -m pip install -q --no-index --no-deps --no-compile --upgrade --target "$site" \
       .whl/*.whl >"$out/install.log" 2>&1 || { tail -20 "$out/install.log"; exit 1; }
   fi
-  # The machine has no liburing: the carried Debian package (.deps/liburing), as for
-  # scripts/gpu_run.sh, or the disk tier is built on POSIX I/O (and the peers compare that).
-  if [ ! -f /usr/include/liburing.h ] && [ -d .deps/liburing ]; then
-    u=$PWD/.deps/liburing/usr
-    export CMAKE_PREFIX_PATH=$u${CMAKE_PREFIX_PATH:+:$CMAKE_PREFIX_PATH}
-    export PKG_CONFIG_PATH=$u/lib/x86_64-linux-gnu/pkgconfig${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}
-  fi
-  [ -d "$PWD/.deps/pkgconf/usr/bin" ] && ! command -v pkg-config >/dev/null &&
-    export PATH=$PWD/.deps/pkgconf/usr/bin:$PATH LD_LIBRARY_PATH=$PWD/.deps/pkgconf/usr/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  # Where the machine has no liburing, scripts/gpu_env.sh (sourced above) pointed
+  # pkg-config at the carried one; without either, the disk tier is built on POSIX I/O.
   CMAKE_BUILD_PARALLEL_LEVEL=$(nproc) \
     python3 -m pip install -q --no-build-isolation --no-deps -v . >>"$out/install.log" 2>&1 ||
     { tail -40 "$out/install.log"; exit 1; }
@@ -101,7 +96,7 @@ for w, s in d['workers'].items():
           s['spills'], s['spill_bytes'] >> 20, s['unspills'], s['unspill_bytes'] >> 20,
           s['spills_on_demand'], s['failures']))" "$out/dask-stats.json"
   # A trace of the demo on the GPU, and its picture (README's figure, GPU edition).
-  if [ -x build-gpu/demo/spillway-demo ]; then  # built by bench/run_gpu.sh
+  if [ -x build-gpu/demo/spillway-demo ]; then  # built by scripts/gpu_run.sh build
     timeout 150 build-gpu/demo/spillway-demo --backend cuda --disk-phase off \
       --trace "$out/demo-trace-cuda.json" >"$out/demo-trace.log" 2>&1
     echo "demo --trace rc=$?"

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: Apache-2.0
 # The GPU checks of spw_stress, for the lent GPU machine. Builds nothing: give it a build
-# directory configured with CUDA (bench/run_gpu.sh makes build-gpu), then the runs to do:
+# directory configured with CUDA (`scripts/gpu_run.sh build` makes build-gpu), then the runs:
 #
 #   tests/stress/run_gpu_stress.sh build-gpu            plain, memcheck, synccheck, soak
 #   tests/stress/run_gpu_stress.sh build-gpu plain memcheck synccheck
