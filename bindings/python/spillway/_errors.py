@@ -10,6 +10,8 @@ error is a :class:`MemoryError`, an invalid argument a :class:`ValueError`, and 
 """
 from __future__ import annotations
 
+from typing import Dict, Type
+
 from . import _spillway as _c
 
 __all__ = [
@@ -40,60 +42,119 @@ class SpillwayError(Exception):
         return _c.err_name(self.status)
 
 
-def _make(name: str, status: int, *bases: type, doc: str) -> type:
-    return type(name, (SpillwayError, *bases), {"status": status, "__doc__": doc,
-                                                "__module__": "spillway"})
+class InvalidArgumentError(SpillwayError, ValueError):
+    """SPW_ERR_INVALID_ARG (also a ValueError)."""
+    status = _c.SPW_ERR_INVALID_ARG
 
 
-InvalidArgumentError = _make("InvalidArgumentError", _c.SPW_ERR_INVALID_ARG, ValueError,
-                             doc="SPW_ERR_INVALID_ARG (also a ValueError).")
-InvalidHandleError = _make("InvalidHandleError", _c.SPW_ERR_INVALID_HANDLE, ValueError,
-                           doc="SPW_ERR_INVALID_HANDLE: not a handle of this runtime.")
-FreedError = _make("FreedError", _c.SPW_ERR_FREED, ValueError,
-                   doc="SPW_ERR_FREED: the buffer was freed.")
-NotLockedError = _make("NotLockedError", _c.SPW_ERR_NOT_LOCKED, RuntimeError,
-                       doc="SPW_ERR_NOT_LOCKED: the stream holds no lock on the buffer.")
-InvalidStreamError = _make("InvalidStreamError", _c.SPW_ERR_INVALID_STREAM, ValueError,
-                           doc="SPW_ERR_INVALID_STREAM: unknown or destroyed stream.")
-OutOfMemoryError = _make("OutOfMemoryError", _c.SPW_ERR_OUT_OF_MEMORY, MemoryError,
-                         doc="SPW_ERR_OUT_OF_MEMORY: what remains on the device is locked "
-                             "(also a MemoryError).")
-HostOutOfMemoryError = _make("HostOutOfMemoryError", _c.SPW_ERR_HOST_OUT_OF_MEMORY,
-                             MemoryError, doc="SPW_ERR_HOST_OUT_OF_MEMORY (also a MemoryError).")
-DiskFullError = _make("DiskFullError", _c.SPW_ERR_DISK_FULL, OSError,
-                      doc="SPW_ERR_DISK_FULL: the spill file reached its limit or ENOSPC.")
-CudaError = _make("CudaError", _c.SPW_ERR_CUDA, RuntimeError,
-                  doc="SPW_ERR_CUDA: a CUDA call failed (the detail names it).")
-IOError_ = _make("IOError", _c.SPW_ERR_IO, OSError, doc="SPW_ERR_IO: spill file I/O failed.")
-NoDeviceError = _make("NoDeviceError", _c.SPW_ERR_NO_DEVICE, RuntimeError,
-                      doc="SPW_ERR_NO_DEVICE: no usable CUDA device.")
-ConfigError = _make("ConfigError", _c.SPW_ERR_CONFIG, ValueError,
-                    doc="SPW_ERR_CONFIG: a configuration value (the detail names it).")
-BusyError = _make("BusyError", _c.SPW_ERR_BUSY, RuntimeError,
-                  doc="SPW_ERR_BUSY: buffers are still locked.")
-LockedError = _make("LockedError", _c.SPW_ERR_LOCKED, RuntimeError,
-                    doc="SPW_ERR_LOCKED: a locked buffer cannot be moved.")
-WouldDeadlockError = _make("WouldDeadlockError", _c.SPW_ERR_WOULD_DEADLOCK, RuntimeError,
-                           doc="SPW_ERR_WOULD_DEADLOCK: a waiting call from a callback.")
-UnsupportedError = _make("UnsupportedError", _c.SPW_ERR_UNSUPPORTED, NotImplementedError,
-                         doc="SPW_ERR_UNSUPPORTED: not supported by this backend or build.")
-NotReadyError = _make("NotReadyError", _c.SPW_ERR_NOT_READY, RuntimeError,
-                      doc="SPW_ERR_NOT_READY: work has not completed yet.")
-SystemError_ = _make("SystemError", _c.SPW_ERR_SYSTEM, OSError,
-                     doc="SPW_ERR_SYSTEM: an operating system call failed.")
-InternalError = _make("InternalError", _c.SPW_ERR_INTERNAL, RuntimeError,
-                      doc="SPW_ERR_INTERNAL: a bug in Spillway.")
+class InvalidHandleError(SpillwayError, ValueError):
+    """SPW_ERR_INVALID_HANDLE: not a handle of this runtime."""
+    status = _c.SPW_ERR_INVALID_HANDLE
 
-_BY_STATUS = {cls.status: cls for cls in (
+
+class FreedError(SpillwayError, ValueError):
+    """SPW_ERR_FREED: the buffer was freed."""
+    status = _c.SPW_ERR_FREED
+
+
+class NotLockedError(SpillwayError, RuntimeError):
+    """SPW_ERR_NOT_LOCKED: the stream holds no lock on the buffer."""
+    status = _c.SPW_ERR_NOT_LOCKED
+
+
+class InvalidStreamError(SpillwayError, ValueError):
+    """SPW_ERR_INVALID_STREAM: unknown or destroyed stream."""
+    status = _c.SPW_ERR_INVALID_STREAM
+
+
+class OutOfMemoryError(SpillwayError, MemoryError):
+    """SPW_ERR_OUT_OF_MEMORY: what remains on the device is locked  (also a MemoryError)."""
+    status = _c.SPW_ERR_OUT_OF_MEMORY
+
+
+class HostOutOfMemoryError(SpillwayError, MemoryError):
+    """SPW_ERR_HOST_OUT_OF_MEMORY (also a MemoryError)."""
+    status = _c.SPW_ERR_HOST_OUT_OF_MEMORY
+
+
+class DiskFullError(SpillwayError, OSError):
+    """SPW_ERR_DISK_FULL: the spill file reached its limit or ENOSPC."""
+    status = _c.SPW_ERR_DISK_FULL
+
+
+class CudaError(SpillwayError, RuntimeError):
+    """SPW_ERR_CUDA: a CUDA call failed (the detail names it)."""
+    status = _c.SPW_ERR_CUDA
+
+
+class IOError_(SpillwayError, OSError):
+    """SPW_ERR_IO: spill file I/O failed."""
+    status = _c.SPW_ERR_IO
+
+
+class NoDeviceError(SpillwayError, RuntimeError):
+    """SPW_ERR_NO_DEVICE: no usable CUDA device."""
+    status = _c.SPW_ERR_NO_DEVICE
+
+
+class ConfigError(SpillwayError, ValueError):
+    """SPW_ERR_CONFIG: a configuration value (the detail names it)."""
+    status = _c.SPW_ERR_CONFIG
+
+
+class BusyError(SpillwayError, RuntimeError):
+    """SPW_ERR_BUSY: buffers are still locked."""
+    status = _c.SPW_ERR_BUSY
+
+
+class LockedError(SpillwayError, RuntimeError):
+    """SPW_ERR_LOCKED: a locked buffer cannot be moved."""
+    status = _c.SPW_ERR_LOCKED
+
+
+class WouldDeadlockError(SpillwayError, RuntimeError):
+    """SPW_ERR_WOULD_DEADLOCK: a waiting call from a callback."""
+    status = _c.SPW_ERR_WOULD_DEADLOCK
+
+
+class UnsupportedError(SpillwayError, NotImplementedError):
+    """SPW_ERR_UNSUPPORTED: not supported by this backend or build."""
+    status = _c.SPW_ERR_UNSUPPORTED
+
+
+class NotReadyError(SpillwayError, RuntimeError):
+    """SPW_ERR_NOT_READY: work has not completed yet."""
+    status = _c.SPW_ERR_NOT_READY
+
+
+class SystemError_(SpillwayError, OSError):
+    """SPW_ERR_SYSTEM: an operating system call failed."""
+    status = _c.SPW_ERR_SYSTEM
+
+
+class InternalError(SpillwayError, RuntimeError):
+    """SPW_ERR_INTERNAL: a bug in Spillway."""
+    status = _c.SPW_ERR_INTERNAL
+
+
+# The names Python shows are spillway.X; IOError and SystemError keep their status names
+# though the package exports them with a trailing underscore (the built-ins' names).
+IOError_.__name__ = IOError_.__qualname__ = "IOError"
+SystemError_.__name__ = SystemError_.__qualname__ = "SystemError"
+
+_BY_STATUS: Dict[int, Type[SpillwayError]] = {cls.status: cls for cls in (
     InvalidArgumentError, InvalidHandleError, FreedError, NotLockedError, InvalidStreamError,
     OutOfMemoryError, HostOutOfMemoryError, DiskFullError, CudaError, IOError_, NoDeviceError,
     ConfigError, BusyError, LockedError, WouldDeadlockError, UnsupportedError, NotReadyError,
     SystemError_, InternalError)}
 
 
-def error_class(status: int) -> type:
+def error_class(status: int) -> Type[SpillwayError]:
     """The exception class of a status code (SpillwayError for unknown codes)."""
     return _BY_STATUS.get(status, SpillwayError)
 
+
+for _type in (SpillwayError, *_BY_STATUS.values()):
+    _type.__module__ = "spillway"
 
 _c._set_errors(SpillwayError, _BY_STATUS)

@@ -1,13 +1,22 @@
 # SPDX-License-Identifier: Apache-2.0
 # Type stubs of the C extension spillway._spillway (bindings/python/src).
-from typing import Any, Callable, Iterable, Sequence
+from os import PathLike
+from typing import Any, Callable, Sequence
+
+from typing_extensions import disjoint_base, final
 
 _Stream = Any  # None, int, or an object with __cuda_stream__ / .cuda_stream / .ptr / .handle
 
+_Size = int | str | None  # bytes, or a string in the SPILLWAY_* size syntax; None = unset
+
 STATS_FIELDS: tuple[str, ...]
+CONFIG_FIELDS: tuple[str, ...]
+TIERS: tuple[tuple[str, int], ...]
+STATES: tuple[tuple[str, int], ...]
+BACKENDS: tuple[tuple[str, int], ...]
+IO_KINDS: tuple[tuple[str, int], ...]
+LOG_LEVELS: tuple[tuple[str, int], ...]
 ACQUIRE_READ: int
-BACKEND_CUDA: int
-BACKEND_HOST: int
 VERSION_MAJOR: int
 VERSION_MINOR: int
 VERSION_PATCH: int
@@ -35,16 +44,21 @@ SPW_ERR_INTERNAL: int
 def err_name(status: int) -> str: ...
 def strerror(status: int) -> str: ...
 def stream_handle(stream: _Stream) -> int: ...
+def parse_size(value: _Size) -> int: ...
 def _set_errors(base: type, table: dict[int, type]) -> None: ...
 def _set_finalizing() -> None: ...
 
+@disjoint_base
 class RuntimeBase:
     closed: bool
     _backend: int
-    def __init__(self, device: int, backend: int, device_limit: int, host_limit: int,
-                 disk_limit: int, spill_dir: str | None, io: int, high_watermark: float,
-                 low_watermark: float, log_level: int, host_device_bytes: int,
-                 ignore_env: bool) -> None: ...
+    def __init__(self, *, device: int | None = None, backend: str | None = None,
+                 device_limit: _Size = None, host_limit: _Size = None, disk_limit: _Size = None,
+                 spill_dir: str | PathLike[str] | None = None, io: str | None = None,
+                 high_watermark: float | None = None, low_watermark: float | None = None,
+                 log_level: str | None = None, host_device_bytes: _Size = None,
+                 ignore_env: bool = False, trace: str | PathLike[str] | None = None,
+                 trace_max: _Size = None) -> None: ...
     def close(self) -> None: ...
     def limits(self) -> tuple[int, int, int]: ...
     def last_error(self) -> str: ...
@@ -75,6 +89,7 @@ class RuntimeBase:
     def _prefetch_handles(self, handles: Sequence[int], stream: _Stream = None) -> None: ...
     def _handle_info(self, handle: int) -> tuple[int, int, int, int]: ...
 
+@final
 class Buffer:
     size: int
     handle: int
@@ -94,16 +109,19 @@ class Buffer:
     def __enter__(self) -> Buffer: ...
     def __exit__(self, *exc: Any) -> None: ...
 
+@final
 class Lock:
     def __enter__(self) -> int: ...
     def __exit__(self, *exc: Any) -> bool: ...
 
+@final
 class LaunchLocks:
     count: int
     done: bool
     stream: int
     def __call__(self) -> None: ...
 
+@final
 class LaunchView:
     ptr: int
     shape: tuple[int, ...]
@@ -112,10 +130,12 @@ class LaunchView:
     strides: tuple[int, ...]
     __cuda_array_interface__: dict
 
+@disjoint_base
 class LaunchExtensionBase:
     def __init__(self, array_type: type, readonly_type: type) -> None: ...
     def prepare_args(self, ty: Any, val: Any, *, stream: _Stream, retr: list) -> tuple: ...
 
+@final
 class ControllerLink:
     """The queue and trampolines between a runtime's C controller and Python."""
     dropped: int

@@ -10,11 +10,13 @@ not need Numba, so everything but kernel launches works on the host backend.
 from __future__ import annotations
 
 import contextlib
+import operator
 from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from . import _spillway as _c
+from ._errors import InvalidArgumentError
 from ._runtime import Buffer, Runtime, State, StreamLike, Tier
 
 __all__ = ["DeferrableArray", "ReadOnly", "DeviceView"]
@@ -33,13 +35,45 @@ class _Layout:
         self.is_contiguous_any = c or f
 
 
+#: The kinds of dtype a deferrable array holds: booleans, signed and unsigned integers,
+#: floats and complex numbers, in native byte order (docs/python.md). Their bytes mean the
+#: same wherever they are copied; an object array's bytes are PyObject pointers, which a
+#: copy would hand back dangling, and structured, string and datetime dtypes are not what
+#: a kernel takes.
+_KINDS = "biufc"
+_MAX_BYTES = (1 << 63) - 1  # the largest allocation Spillway's sizes (and NumPy's) can name
+
+
+def _checked_dtype(dtype) -> np.dtype:
+    dt = np.dtype(dtype)  # TypeError for what is not a dtype at all
+    if dt.kind not in _KINDS or not dt.isnative or dt.fields is not None or dt.subdtype:
+        raise TypeError(f"a DeferrableArray holds bool, integer, float or complex numbers in "
+                        f"native byte order, not {dt!r}")
+    return dt
+
+
 def _normalize_shape(shape: Union[int, Sequence[int]]) -> Tuple[int, ...]:
-    if isinstance(shape, (int, np.integer)):
-        shape = (int(shape),)
-    shape = tuple(int(n) for n in shape)
-    if any(n < 0 for n in shape):
-        raise ValueError(f"negative dimension in shape {shape}")
-    return shape
+    try:
+        dims: Tuple[int, ...] = (operator.index(shape),)  # type: ignore[arg-type]
+    except TypeError:
+        if not isinstance(shape, (tuple, list)):
+            raise TypeError(f"a shape is an int or a tuple of ints, not "
+                            f"{type(shape).__name__}") from None
+        dims = tuple(operator.index(n) for n in shape)
+    if any(n < 0 for n in dims):
+        raise ValueError(f"negative dimension in shape {dims}")
+    return dims
+
+
+def _nbytes(shape: Tuple[int, ...], itemsize: int) -> int:
+    n = itemsize
+    for d in shape:  # Python ints: a product that does not fit 64 bits is seen, not wrapped
+        n *= d
+    if n > _MAX_BYTES:
+        st = _c.SPW_ERR_INVALID_ARG
+        raise InvalidArgumentError(f"{_c.err_name(st)}: {_c.strerror(st)} (shape {shape} of "
+                                   f"{itemsize}-byte items is {n} bytes)", st, "")
+    return n
 
 
 def _strides_for(shape: Tuple[int, ...], itemsize: int, order: str) -> Tuple[int, ...]:
@@ -84,13 +118,15 @@ class DeferrableArray:
 
     def __init__(self, runtime: Runtime, shape: Union[int, Sequence[int]], dtype=np.float64,
                  order: str = "C", stream: StreamLike = None) -> None:
-        dtype = np.dtype(dtype)
+        if not isinstance(runtime, _c.RuntimeBase):
+            raise TypeError(f"expected a spillway.Runtime, not {type(runtime).__name__}")
+        dt = _checked_dtype(dtype)
         if order not in ("C", "F"):
             raise ValueError(f"order must be 'C' or 'F', not {order!r}")
-        shape = _normalize_shape(shape)
-        nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        dims = _normalize_shape(shape)
+        nbytes = _nbytes(dims, dt.itemsize)
         buf = runtime.alloc(max(nbytes, 1), stream)
-        self._setup(buf, shape, dtype, order)
+        self._setup(buf, dims, dt, order)
 
     def _setup(self, buf: Buffer, shape: Tuple[int, ...], dtype: np.dtype, order: str) -> None:
         self._buffer = buf
@@ -100,14 +136,17 @@ class DeferrableArray:
         self.strides = _strides_for(shape, dtype.itemsize, order)
         c = order == "C" or len(shape) <= 1
         f = order == "F" or len(shape) <= 1
-        size = int(np.prod(shape, dtype=np.int64))
+        size = 1
+        for d in shape:
+            size *= d
         # What the launch extension (C) reads for every launch, in one attribute.
         self._launch = (buf, shape, dtype, size, _Layout(self.strides, c, f), self.strides, buf)
-        self._readonly = None
+        self._readonly: Optional[ReadOnly] = None
 
     @classmethod
     def from_host(cls, runtime: Runtime, ary, stream: StreamLike = None) -> "DeferrableArray":
-        """A new deferrable array holding a copy of `ary` (anything np.asarray accepts)."""
+        """A new deferrable array holding a copy of `ary` (anything np.asarray accepts that
+        gives one of the accepted dtypes; TypeError otherwise)."""
         ary = np.asarray(ary)
         order = "F" if ary.flags.f_contiguous and not ary.flags.c_contiguous else "C"
         self = cls(runtime, ary.shape, ary.dtype, order=order, stream=stream)
@@ -188,7 +227,11 @@ class DeferrableArray:
         """Copies the contents into `ary` (or a new array) and returns it once done. Reading
         does not dirty the buffer: a clean host copy is kept if it came back from host."""
         if ary is None:
-            ary = np.empty(self.shape, self.dtype, order=self.order)
+            ary = np.empty(self.shape, self.dtype, order="F" if self.order == "F" else "C")
+        elif not isinstance(ary, np.ndarray):
+            raise TypeError(f"ary must be a numpy.ndarray, not {type(ary).__name__}")
+        elif not ary.flags.writeable:
+            raise ValueError("ary is read-only")
         elif (ary.shape != self.shape or ary.dtype != self.dtype or
               not (ary.flags.c_contiguous if self.order == "C" else ary.flags.f_contiguous)):
             raise ValueError("ary must match the array's shape, dtype and order")
@@ -204,7 +247,7 @@ class DeferrableArray:
 
     def spill(self, tier: Tier = Tier.HOST) -> None:
         """Asks the engine to move the (unlocked) array down to `tier`; returns at once."""
-        self._buffer.spill(int(tier))
+        self._buffer.spill(tier)
 
     def prefetch(self, stream: StreamLike = None) -> None:
         """Starts bringing the array back to the device without locking it."""

@@ -39,7 +39,7 @@ from .array import DeferrableArray, ReadOnly
 try:
     from cuda.bindings import driver as _cu
 except ImportError:  # older cuda-python layout
-    from cuda import cuda as _cu  # type: ignore
+    from cuda import cuda as _cu
 
 __all__ = ["SpillwayNumbaManager", "SpillwayExtension", "extension", "jit", "device_array",
            "device_array_like", "to_device", "lend", "read_only", "synchronize", "runtime",
@@ -50,7 +50,7 @@ __all__ = ["SpillwayNumbaManager", "SpillwayExtension", "extension", "jit", "dev
 # numba-cuda without it, LaunchView is read through __cuda_array_interface__.
 if hasattr(_devicearray, "_to_strided_memory_view") and hasattr(
         _devicearray.DeviceNDArrayBase, "_strided_memory_view_shim"):
-    _c.LaunchView.__cuda_memory__ = True
+    setattr(_c.LaunchView, "__cuda_memory__", True)
 
 
 # -- the shared runtime of each device ---------------------------------------------------
@@ -168,6 +168,8 @@ class SpillwayNumbaManager(HostOnlyCUDAMemoryManager):
         if self._dev is None or self._dev.runtime.closed:
             self._dev = None
             self.initialize()
+        if self._dev is None:  # no context yet: Numba allocates only inside one
+            raise RuntimeError("spillway.numba: the memory manager has no CUDA context")
         return self._dev
 
     def memalloc(self, size: int) -> MemoryPointer:

@@ -70,7 +70,7 @@ def series(events: List[Dict[str, Any]], bins: int = 200) -> Dict[str, Any]:
                 waits += 1
                 wait_s += dur
             d = args.get("dir")
-            if d:
+            if d and name:
                 moves[name] = moves.get(name, 0) + int(args.get("buffers", 1))
                 slices.append((d, ts, dur, int(args.get("bytes", 0))))
         elif ph == "i" and name == "spillway":
