@@ -113,6 +113,7 @@ typedef struct stress_options {
   const char *spill_dir;
   unsigned meddle_us;      /* the meddler's period */
   double hang_seconds;     /* no progress for this long: a hang */
+  double idle_seconds;     /* bound on spw_wait_idle once the workers and meddler stopped */
   double progress_seconds; /* progress line period (0: none) */
   unsigned weights[OP_NWEIGHTED];
   unsigned tolerate_async; /* triage only: background errors to count rather than fail on */
@@ -160,7 +161,7 @@ typedef struct worker {
   _Atomic int pub_high;
   history_t hist;
   _Atomic uint64_t heartbeat;
-  atomic_int phase; /* 0 running, 1 finishing, 2 done */
+  atomic_int phase; /* 0 running, 1 finishing, 2 checked (waits for may_free), 3 done */
   int tracker_call, tracker_async;
   uint64_t ops_since_retire;
   /* counts */
@@ -207,6 +208,9 @@ struct stress {
   _Atomic uint64_t cb_seq, cb_allocated, cb_freed, cb_events, cb_locked_skips, cb_oom_events,
       cb_pressure, cb_victims, cb_calls, cb_deadlock_checks;
   _Atomic uint64_t cb_transitions[7][7];
+  /* the end of the run: workers free their buffers once the idle checks are done */
+  atomic_int may_free;
+  double idle_s;                 /* how long spw_wait_idle took after everything stopped */
   /* the main thread, for the watchdog */
   _Atomic uint64_t main_heartbeat;
   _Atomic(const char *) main_phase;

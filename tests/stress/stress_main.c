@@ -87,7 +87,7 @@ static void usage(FILE *f) {
           "                  [--live BYTES per worker] [--lock-cap BYTES per worker]\n"
           "                  [--controller on|off] [--meddler on|off] [--backend host|cuda]\n"
           "                  [--spill-dir DIR] [--sanity | --soak] [--weights op=N,...]\n"
-          "                  [--meddle-us N] [--hang-seconds S] [--progress S]\n"
+          "                  [--meddle-us N] [--hang-seconds S] [--idle-seconds S] [--progress S]\n"
           "                  [--tolerate-async SPW_ERR_X,...  (triage: count these background\n"
           "                   errors instead of failing, to look past a known bug)]\n"
           "sizes as the SPILLWAY_* limits take them (16MiB, 1.5GiB, 4096);\n"
@@ -165,6 +165,7 @@ enum {
   O_WEIGHTS,
   O_MEDDLE_US,
   O_HANG,
+  O_IDLE,
   O_PROGRESS,
   O_CHILD,
   O_TOLERATE,
@@ -190,6 +191,7 @@ static int parse(int argc, char **argv, cli_t *c) {
                                        {"weights", 1, 0, O_WEIGHTS},
                                        {"meddle-us", 1, 0, O_MEDDLE_US},
                                        {"hang-seconds", 1, 0, O_HANG},
+                                       {"idle-seconds", 1, 0, O_IDLE},
                                        {"progress", 1, 0, O_PROGRESS},
                                        {"child", 0, 0, O_CHILD},
                                        {"tolerate-async", 1, 0, O_TOLERATE},
@@ -231,6 +233,7 @@ static int parse(int argc, char **argv, cli_t *c) {
     case O_WEIGHTS: c->weights_arg = optarg; break;
     case O_MEDDLE_US: o->meddle_us = (unsigned)atoi(optarg); break;
     case O_HANG: o->hang_seconds = atof(optarg); break;
+    case O_IDLE: o->idle_seconds = atof(optarg); break;
     case O_PROGRESS: o->progress_seconds = atof(optarg); break;
     case O_CHILD: c->child = 1; break;
     case O_TOLERATE:
@@ -297,6 +300,10 @@ static int parse(int argc, char **argv, cli_t *c) {
                                          : o->budget / (uint64_t)o->threads;
   if (!o->meddle_us) o->meddle_us = 200;
   if (o->hang_seconds <= 0) o->hang_seconds = 60;
+  /* Once nothing sends work, what is left queued is at most one move per buffer (the hint
+   * rules of docs/design.md): the whole live data read back from disk, at the slowest disk
+   * seen on the GPU machines (about 1 GB/s), takes well under this in a 2-3 GiB soak. */
+  if (o->idle_seconds <= 0) o->idle_seconds = 60;
   const char *secs = getenv("SPW_STRESS_SECONDS"); /* the long mode wins over the command line */
   if (secs && *secs) o->seconds = atof(secs);
   if (!o->progress_seconds && o->seconds >= 60) o->progress_seconds = 30;
@@ -473,7 +480,7 @@ static void *watchdog_main(void *arg) {
       bool active;
       if (i < n) {
         hb = atomic_load(&st->workers[i].heartbeat);
-        active = atomic_load(&st->workers[i].phase) < 2;
+        active = atomic_load(&st->workers[i].phase) < 3;
       } else if (i == n) {
         hb = atomic_load(&st->meddler_heartbeat);
         active = st->o.meddler && atomic_load(&st->meddler_phase) < 2;
@@ -580,6 +587,8 @@ static void summary(stress_t *st, double elapsed) {
   }
   char stats[1024];
   if (spw_stats_summary(st->rt, stats, sizeof stats) != SPW_OK) snprintf(stats, sizeof stats, "?");
+  spw_stats_t hs = {.struct_size = sizeof hs};
+  (void)spw_get_stats(st->rt, &hs); /* zeros if it failed: only printed */
 #define TR(a, b) (unsigned long long)atomic_load(&st->cb_transitions[SPW_STATE_##a][SPW_STATE_##b])
   printf(
       "spw_stress: PASS seed %llu, %.1f s, %d workers, %s backend: %llu operations (%s); "
@@ -590,7 +599,8 @@ static void summary(stress_t *st, double elapsed) {
       "%llu, D->R %llu), %llu locked skips, %llu out-of-memory prefetches, %llu pressure "
       "calls naming %llu victims, %llu "
       "allocated, %llu freed, %llu calls and %llu deadlock checks from callbacks; "
-      "tolerated background errors %llu; stats: %s\n",
+      "tolerated background errors %llu; idle after stop %.2f s (bound %g s); hints merged "
+      "%llu, replaced %llu, prefetches dropped %llu; stats: %s\n",
       (unsigned long long)st->o.seed, elapsed, st->nworkers,
       st->backend == SPW_BACKEND_CUDA ? "cuda" : "host", (unsigned long long)total, ops,
       (unsigned long long)groups, (unsigned long long)checks, (double)checked / (double)MiB,
@@ -607,8 +617,46 @@ static void summary(stress_t *st, double elapsed) {
       (unsigned long long)atomic_load(&st->cb_freed),
       (unsigned long long)atomic_load(&st->cb_calls),
       (unsigned long long)atomic_load(&st->cb_deadlock_checks),
-      (unsigned long long)atomic_load(&st->tolerated), stats);
+      (unsigned long long)atomic_load(&st->tolerated), st->idle_s, st->o.idle_seconds,
+      (unsigned long long)hs.hints_merged, (unsigned long long)hs.hints_replaced,
+      (unsigned long long)hs.prefetch_dropped, stats);
 #undef TR
+}
+
+/* Issue 17: after a burst of hints, spw_wait_idle did not return for minutes while the
+ * engine worked through every hint ever queued. With every thread stopped and every buffer
+ * still alive, spw_wait_idle must return within the bound, and then nothing may move. */
+static void check_idle(stress_t *st) {
+  phase(st, "spw_wait_idle after the workers stopped");
+  double t = stress_now();
+  int rc = spw_wait_idle(st->rt);
+  st->idle_s = stress_now() - t;
+  stress_expect_async(st, NULL, "spw_wait_idle after the workers stopped", rc,
+                      st->meddler_tracker + 1);
+  if (st->idle_s > st->o.idle_seconds)
+    stress_fail(st, NULL, "spw_wait_idle took %.1f s after the workers stopped (bound %g s)",
+                st->idle_s, st->o.idle_seconds);
+  phase(st, "nothing moves once idle");
+  spw_stats_t a = {.struct_size = sizeof a}, b = {.struct_size = sizeof b};
+  rc = spw_get_stats(st->rt, &a);
+  for (int i = 0; i < 50; i++) {
+    sleep_s(0.02);
+    atomic_fetch_add(&st->main_heartbeat, 1);
+  }
+  if (rc == SPW_OK) rc = spw_get_stats(st->rt, &b);
+  if (rc != SPW_OK) stress_fail(st, NULL, "spw_get_stats returned %s", spw_err_name(rc));
+  if (a.spill_bytes != b.spill_bytes || a.unspill_bytes != b.unspill_bytes ||
+      a.demote_bytes != b.demote_bytes || a.disk_read_bytes != b.disk_read_bytes ||
+      b.hints_pending != 0)
+    stress_fail(st, NULL,
+                "the engine still moves data after spw_wait_idle with nothing running: in 1 s, "
+                "%llu B spilled, %llu B unspilled, %llu B demoted, %llu B read from disk; %llu "
+                "hints pending",
+                (unsigned long long)(b.spill_bytes - a.spill_bytes),
+                (unsigned long long)(b.unspill_bytes - a.unspill_bytes),
+                (unsigned long long)(b.demote_bytes - a.demote_bytes),
+                (unsigned long long)(b.disk_read_bytes - a.disk_read_bytes),
+                (unsigned long long)b.hints_pending);
 }
 
 /* After every buffer was freed and the engine is idle, nothing may be left anywhere. */
@@ -702,8 +750,15 @@ static int run(stress_t *st) {
   atomic_store(&st->stop, 1);
   if (o->meddler) pthread_join(meddler, NULL);
   phase(st, "waiting for the workers' final checks");
-  for (int i = 0; i < st->nworkers; i++) {
+  for (int i = 0; i < st->nworkers; i++)
     while (atomic_load(&st->workers[i].phase) < 2) { /* the watchdog watches them meanwhile */
+      sleep_s(0.02);
+      atomic_fetch_add(&st->main_heartbeat, 1);
+    }
+  check_idle(st);
+  atomic_store(&st->may_free, 1);
+  for (int i = 0; i < st->nworkers; i++) {
+    while (atomic_load(&st->workers[i].phase) < 3) {
       sleep_s(0.02);
       atomic_fetch_add(&st->main_heartbeat, 1);
     }

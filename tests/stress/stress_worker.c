@@ -920,9 +920,15 @@ static void finish(worker_t *w) {
   if (w->nzombies > 0)
     stress_fail(st, w, "%zu freed buffers still hold locks after every stream was synchronized",
                 w->nzombies);
+  /* The main thread times spw_wait_idle with every buffer still alive, then lets go. */
+  atomic_store(&w->phase, 2);
+  while (!atomic_load(&st->may_free)) {
+    atomic_fetch_add(&w->heartbeat, 1);
+    nanosleep(&(struct timespec){0, 1000000}, NULL);
+  }
   while (w->nlive > 0) free_at(w, w->nlive - 1, OP_FINISH);
   w->counts[OP_FINISH]++;
-  atomic_store(&w->phase, 2);
+  atomic_store(&w->phase, 3);
 }
 
 void *stress_worker_main(void *arg) {
