@@ -13,8 +13,11 @@
 #                launch tests, the examples and the stress test (short runs)
 #   launch       the launch wrappers alone: every test and example with "launch" in its
 #                name, one at a time, then bench/launch_overhead
-#   soak-start   the 10-minute soak (tests/stress: 16 threads, 4x oversubscribed, disk tier
-#                on, spills and prefetches from another thread) in the background, detached
+#   soak-start   the gate of every change to src/ or spill/ (docs/reliability.md): the soak
+#                of tests/stress at 8 and then 16 threads, 5 minutes each (4x oversubscribed,
+#                disk tier on, spills and prefetches from another thread, spw_wait_idle
+#                bounded after the stop) in the background, detached: call soak-wait from
+#                the next command, within the machine's 30 s of warmth
 #   soak-wait    waits for it and prints its result
 #   bench        spill_bw, oversubscribe (three runs), disk_bw, lock_latency, launch_overhead,
 #                the demo
@@ -107,7 +110,7 @@ phase_soak_start() {
 }
 
 phase_soak_wait() {
-  while pgrep -f "spw_stress --soak" >/dev/null; do sleep 5; done
+  while pgrep -f "run_gpu_stress.sh .* soak" >/dev/null; do sleep 5; done
   sleep 1
   cat "$logs/soak-summary.txt"
 }

@@ -10,9 +10,12 @@
 #   plain      the CUDA variant: kernels check and write every buffer (PLAIN_SECONDS, 60)
 #   memcheck   the same under compute-sanitizer --tool memcheck, shorter and on a smaller
 #   synccheck  budget (SAN_SECONDS, 20; SAN_BUDGET, 64MiB), and under --tool synccheck
-#   soak       --soak: 16 workers, 4x oversubscribed, disk tier on, 4 KiB - 64 MiB buffers,
-#              the meddler spilling and prefetching, progress every 30 s
-#              (SOAK_SECONDS, 600; SOAK_BUDGET, the device budget, default 2GiB)
+#   soak       --soak at 8 and then 16 workers, half of SOAK_SECONDS (600) each: 4x
+#              oversubscribed, disk tier on, 4 KiB - 64 MiB buffers, the meddler spilling
+#              to host and disk and prefetching (single and 16 at once, duplicates
+#              possible) every 200 us, progress every 30 s; after the workers stop,
+#              spw_wait_idle must return within --idle-seconds (60) and nothing may move
+#              (SOAK_BUDGET, the device budget, default 2GiB)
 #
 # A run passes when the program exits 0 (0 wrong words, no CUDA error, every status as the
 # model allows, nothing left after the frees) and, under compute-sanitizer, the tool reports
@@ -79,9 +82,13 @@ for r in "${runs[@]}"; do
       --budget "${SAN_BUDGET:-64MiB}" --max-buf 4MiB --hang-seconds 600
     ;;
   soak)
-    run soak $((${SOAK_SECONDS:-600} + 300)) "$exe" --soak --backend cuda --seconds "${SOAK_SECONDS:-600}" \
-      ${SOAK_BUDGET:+--budget "$SOAK_BUDGET"}
-    grep -E '^\[' "$out/stress-soak.log" | tail -2 | sed 's/^/soak: /'
+    # The gate of every change to src/ or spill/ (docs/reliability.md): at 8 and then 16
+    # workers, half of SOAK_SECONDS each.
+    for t in 8 16; do
+      run "soak-$t" $((${SOAK_SECONDS:-600} / 2 + 300)) "$exe" --soak --backend cuda --threads "$t" \
+        --seconds $((${SOAK_SECONDS:-600} / 2)) ${SOAK_BUDGET:+--budget "$SOAK_BUDGET"}
+      grep -E '^\[' "$out/stress-soak-$t.log" | tail -1 | sed "s/^/soak-$t: /"
+    done
     ;;
   *)
     echo "run_gpu_stress: unknown run '$r' (plain, memcheck, synccheck, soak, all)" >&2
