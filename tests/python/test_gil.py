@@ -1,34 +1,43 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Calls that wait on Spillway release the GIL: another Python thread keeps running."""
+"""Calls that wait on Spillway release the GIL: another Python thread runs while they wait."""
+import sys
 import threading
-import time
 
 import numpy as np
 
 import spillway
 
 MiB = 1 << 20
+DEADLINE_S = 120.0
 
 
-def progress_while(fn) -> int:
-    """Runs fn in a thread and counts the main thread's loop iterations while fn is inside
-    Spillway (from the moment the thread signals it is about to call)."""
-    started, done = threading.Event(), threading.Event()
+def ran_while_inside(fn) -> bool:
+    """Runs fn on a worker thread and tells whether this thread got to run while fn was
+    still inside Spillway.
+
+    The interpreter's switch interval is made longer than the deadline, so the worker gives
+    the GIL up only where it blocks. This thread wakes when the worker sets `entered` and
+    then waits for the GIL: it gets it inside fn if fn releases the GIL while it waits, and
+    only after `done` is set if fn held the GIL throughout."""
+    entered, done = threading.Event(), threading.Event()
 
     def worker():
-        started.set()
+        entered.set()
         fn()
         done.set()
 
-    t = threading.Thread(target=worker)
-    t.start()
-    started.wait()
-    time.sleep(0.01)  # let the worker enter the call
-    n = 0
-    while not done.is_set():
-        n += 1
-    t.join()
-    return n
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(DEADLINE_S)
+    try:
+        t = threading.Thread(target=worker)
+        t.start()
+        assert entered.wait(DEADLINE_S)
+        inside = not done.is_set()
+    finally:
+        sys.setswitchinterval(old)
+    t.join(DEADLINE_S)
+    assert done.is_set(), "the call did not return before the deadline"
+    return inside
 
 
 def test_synchronize_releases_the_gil_while_it_waits(rt, stream):
@@ -37,9 +46,8 @@ def test_synchronize_releases_the_gil_while_it_waits(rt, stream):
     p = b.acquire(stream)
     for _ in range(16):  # a good part of a second of copies queued on the stream's worker
         rt.memcpy(p, src.ctypes.data, src.nbytes, stream, False)
-    n = progress_while(lambda: rt.synchronize(stream))
+    assert ran_while_inside(lambda: rt.synchronize(stream))
     assert b.lock_count == 0
-    assert n > 1000
 
 
 def test_wait_idle_releases_the_gil_while_it_waits(tmp_path):
@@ -47,9 +55,8 @@ def test_wait_idle_releases_the_gil_while_it_waits(tmp_path):
                           spill_dir=str(tmp_path), io="posix", ignore_env=True) as rt:
         bufs = [rt.alloc(32 * MiB) for _ in range(12)]
         rt.spill(bufs, spillway.Tier.DISK)
-        n = progress_while(rt.wait_idle)
+        assert ran_while_inside(rt.wait_idle)
         assert all(b.state == spillway.State.DISK for b in bufs)
-        assert n > 1000
 
 
 def test_acquire_from_disk_releases_the_gil_while_it_reads(tmp_path):
@@ -58,7 +65,12 @@ def test_acquire_from_disk_releases_the_gil_while_it_reads(tmp_path):
         bufs = [rt.alloc(64 * MiB) for _ in range(4)]
         rt.spill(bufs, spillway.Tier.DISK)
         rt.wait_idle()
-        n = progress_while(lambda: rt.acquire_n(bufs, None))
+        assert ran_while_inside(lambda: rt.acquire_n(bufs, None))
         assert all(b.lock_count == 1 for b in bufs)
         rt.synchronize(None)
-        assert n > 100
+
+
+def test_the_probe_tells_a_call_that_holds_the_gil_from_one_that_waits_without_it():
+    # sum over a range runs in C with the GIL held from start to end.
+    assert not ran_while_inside(lambda: sum(range(2 * 10**7)))
+    assert ran_while_inside(lambda: threading.Event().wait(0.2))
