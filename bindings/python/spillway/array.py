@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import operator
+import weakref
 from typing import Iterator, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -297,18 +298,29 @@ class DeferrableArray:
 
 
 class ReadOnly:
-    """A deferrable array passed to a kernel for reading only (``arr.read_only``)."""
+    """A deferrable array passed to a kernel for reading only (``arr.read_only``).
 
-    __slots__ = ("array", "_launch", "_numba_type_")
+    The array caches its marker, so the marker refers to the array weakly: references both
+    ways would make a cycle, and an array in a cycle (its buffer with it) outlives its last
+    user until Python's cyclic collector happens to run, which in an idle Dask worker can be
+    minutes (issue 17). A launch needs only ``_launch``, which holds the buffer."""
+
+    __slots__ = ("_array", "_order", "_launch", "_numba_type_")
 
     def __init__(self, array: DeferrableArray) -> None:
-        self.array = array
+        self._array = weakref.ref(array)
+        self._order = array.order
         self._launch = array._launch
+
+    @property
+    def array(self) -> Optional[DeferrableArray]:
+        """The array marked; None once it is gone (only the marker was kept)."""
+        return self._array()
 
     def __getattr__(self, name: str):
         if name == "_numba_type_":
-            a = self.array
-            t = _numba_array_type(a.dtype, a.ndim, a.order, True)
+            launch = self._launch  # (buffer, shape, dtype, ...)
+            t = _numba_array_type(launch[2], len(launch[1]), self._order, True)
             self._numba_type_ = t
             return t
         raise AttributeError(name)
