@@ -13,69 +13,94 @@
 
 #define N 4096u /* elements of the test buffers */
 
-static uint32_t locks_of(spw_runtime_t *rt, spw_buf_t b) {
+/* The fixture every test starts from (before / after): a runtime on the test's backend, its
+ * kernels, a stream and b, a buffer of N zeroes. The runtime's destruction frees what a test
+ * left allocated. */
+static spw_runtime_t *rt;
+static test_kernels_t k;
+static spw_stream_t s;
+static spw_buf_t b;
+
+static uint32_t locks_of(spw_buf_t buf) {
   uint32_t n = 0xFFFFFFFFu;
-  ASSERT_OK(spw_buf_lock_count(rt, b, &n));
+  ASSERT_OK(spw_buf_lock_count(rt, buf, &n));
   return n;
 }
 
 static spw_dim3_t grid_for(uint64_t n) { return spw_dim3((unsigned)((n + 255) / 256), 1, 1); }
 
-static int fill(spw_runtime_t *rt, const test_kernels_t *k, spw_stream_t s, spw_buf_t b,
-                uint64_t first, uint32_t value, unsigned flags) {
+/* A launch of `fn` over N elements on s, with 256 threads a block. */
+static int launch_n(const void *fn, spw_kernel_arg_t *a, unsigned n_args, unsigned flags) {
+  return spw_launch_kernel(rt, fn, grid_for(N), spw_dim3(256, 1, 1), a, n_args, 0, s, flags);
+}
+
+static int fill(spw_buf_t buf, uint64_t first, uint32_t value, unsigned flags) {
   uint64_t n = N - first;
-  spw_kernel_arg_t a[3] = {spw_karg_buf(b, first * sizeof(uint32_t), 0), SPW_KARG(value),
+  spw_kernel_arg_t a[3] = {spw_karg_buf(buf, first * sizeof(uint32_t), 0), SPW_KARG(value),
                            SPW_KARG(n)};
-  return spw_launch_kernel(rt, k->fill_u32, grid_for(n), spw_dim3(256, 1, 1), a, 3, 0, s, flags);
+  return spw_launch_kernel(rt, k.fill_u32, grid_for(n), spw_dim3(256, 1, 1), a, 3, 0, s, flags);
 }
 
-static int hold(spw_runtime_t *rt, const test_kernels_t *k, spw_stream_t s, spw_buf_t b,
-                uint64_t ns, unsigned flags) {
-  spw_kernel_arg_t a[2] = {spw_karg_buf(b, 0, 0), SPW_KARG(ns)};
-  return spw_launch_kernel(rt, k->hold, spw_dim3(1, 1, 1), spw_dim3(1, 1, 1), a, 2, 0, s, flags);
+/* dst[i] += src[i] over N elements, src read-only. */
+static int add(spw_buf_t dst, spw_buf_t src, unsigned flags) {
+  uint64_t n = N;
+  spw_kernel_arg_t a[3] = {spw_karg_buf(dst, 0, 0), spw_karg_buf(src, 0, SPW_ACQUIRE_READ),
+                           SPW_KARG(n)};
+  return launch_n(k.add_u32, a, 3, flags);
 }
 
-/* The buffer's N elements, read on s. */
-static uint32_t *contents(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s) {
+static int hold(spw_buf_t buf, uint64_t ns, unsigned flags) {
+  spw_kernel_arg_t a[2] = {spw_karg_buf(buf, 0, 0), SPW_KARG(ns)};
+  return spw_launch_kernel(rt, k.hold, spw_dim3(1, 1, 1), spw_dim3(1, 1, 1), a, 2, 0, s, flags);
+}
+
+/* Checks buf's N elements, read on s: 0 below `first`, `value` from there. */
+static void expect_contents(spw_buf_t buf, uint32_t first, uint32_t value) {
   uint32_t *h = calloc(N, sizeof *h);
   ASSERT_TRUE(h != NULL);
-  test_read(rt, b, s, h, N * sizeof *h);
-  return h;
+  test_read(rt, buf, s, h, N * sizeof *h);
+  for (uint32_t i = 0; i < N; i++) ASSERT_UEQ(h[i], i < first ? 0 : value);
+  free(h);
 }
 
-static spw_buf_t alloc_zeroed(spw_runtime_t *rt, spw_stream_t s) {
-  spw_buf_t b;
-  ASSERT_OK(spw_alloc(rt, N * sizeof(uint32_t), s, &b));
+/* Waits for the engine; then buf holds no lock. */
+static void expect_idle_and_unlocked(spw_buf_t buf) {
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_EQ(locks_of(buf), 0);
+}
+
+static spw_buf_t alloc_zeroed(void) {
+  spw_buf_t buf;
+  ASSERT_OK(spw_alloc(rt, N * sizeof(uint32_t), s, &buf));
   uint32_t *z = calloc(N, sizeof *z);
   ASSERT_TRUE(z != NULL);
-  test_write(rt, b, s, z, N * sizeof *z);
+  test_write(rt, buf, s, z, N * sizeof *z);
   free(z);
-  return b;
+  return buf;
+}
+
+static void before(void) {
+  rt = test_runtime(NULL);
+  k = test_kernels_of(rt, 0);
+  ASSERT_OK(spw_stream_create(rt, &s));
+  b = alloc_zeroed();
+}
+
+static void after(void) {
+  if (rt) ASSERT_OK(spw_runtime_destroy(rt));
+  rt = NULL;
 }
 
 /* ---- tests ---- */
 
 static void kernel_gets_device_pointer_plus_offset_and_values(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  test_kernels_t k = test_kernels_of(rt, 0);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = alloc_zeroed(rt, s);
-  ASSERT_OK(fill(rt, &k, s, b, 16, 0xC0FFEEu, 0));
-  uint32_t *h = contents(rt, b, s);
-  for (uint32_t i = 0; i < N; i++) ASSERT_UEQ(h[i], i < 16 ? 0 : 0xC0FFEEu);
-  free(h);
-  ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_EQ(locks_of(rt, b), 0);
+  ASSERT_OK(fill(b, 16, 0xC0FFEEu, 0));
+  expect_contents(b, 16, 0xC0FFEEu);
+  expect_idle_and_unlocked(b);
   ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static void values_of_every_size_reach_the_kernel(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  test_kernels_t k = test_kernels_of(rt, 0);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
   spw_buf_t out;
   ASSERT_OK(spw_alloc(rt, 4 * sizeof(uint64_t), s, &out));
   uint8_t x = 0xA5;
@@ -84,7 +109,7 @@ static void values_of_every_size_reach_the_kernel(void) {
   spw_kernel_arg_t a[4] = {spw_karg_buf(out, 0, 0), SPW_KARG(x), SPW_KARG(y), SPW_KARG(p)};
   ASSERT_OK(spw_launch_kernel(rt, k.mixed, spw_dim3(1, 1, 1), spw_dim3(1, 1, 1), a, 4, 0, s,
                               SPW_LAUNCH_BLOCK));
-  ASSERT_EQ(locks_of(rt, out), 0);
+  ASSERT_EQ(locks_of(out), 0);
   uint64_t got[4], ybits;
   test_read(rt, out, s, got, sizeof got);
   memcpy(&ybits, &y, sizeof y);
@@ -92,112 +117,67 @@ static void values_of_every_size_reach_the_kernel(void) {
   ASSERT_UEQ(got[1], ybits);
   ASSERT_UEQ(got[2], p.a);
   ASSERT_UEQ(got[3], p.b);
-  ASSERT_OK(spw_free(rt, out));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static void values_are_copied_at_launch(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  test_kernels_t k = test_kernels_of(rt, 0);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = alloc_zeroed(rt, s), t = alloc_zeroed(rt, s);
+  spw_buf_t t = alloc_zeroed();
   /* The fill cannot start before the hold ends, long after its arguments changed. */
-  ASSERT_OK(hold(rt, &k, s, t, 100 * 1000 * 1000, 0));
+  ASSERT_OK(hold(t, 100 * 1000 * 1000, 0));
   uint32_t value = 7;
   uint64_t n = N;
   spw_kernel_arg_t a[3] = {spw_karg_buf(b, 0, 0), SPW_KARG(value), SPW_KARG(n)};
-  ASSERT_OK(spw_launch_kernel(rt, k.fill_u32, grid_for(N), spw_dim3(256, 1, 1), a, 3, 0, s, 0));
+  ASSERT_OK(launch_n(k.fill_u32, a, 3, 0));
   value = 8;
   n = 1;
   a[0] = spw_karg_buf(t, 0, 0); /* the argument array itself may be reused at once too */
-  uint32_t *h = contents(rt, b, s);
-  for (uint32_t i = 0; i < N; i++) ASSERT_UEQ(h[i], 7);
-  free(h);
+  expect_contents(b, 0, 7);
   ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_free(rt, t));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static void release_waits_for_the_kernel(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  test_kernels_t k = test_kernels_of(rt, 0);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = alloc_zeroed(rt, s);
-  ASSERT_OK(hold(rt, &k, s, b, 300ull * 1000 * 1000, 0));
+  ASSERT_OK(hold(b, 300ull * 1000 * 1000, 0));
   /* The launch returned at once; the kernel runs for 300 ms and keeps its buffer. */
-  ASSERT_EQ(locks_of(rt, b), 1);
+  ASSERT_EQ(locks_of(b), 1);
   ASSERT_STATUS(spw_spill(rt, b, SPW_TIER_HOST), SPW_ERR_LOCKED);
-  ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_EQ(locks_of(rt, b), 0);
+  expect_idle_and_unlocked(b);
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
   ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
-  uint32_t *h = contents(rt, b, s);
-  ASSERT_UEQ(h[0], 1); /* the kernel's write came back from host */
-  free(h);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  uint32_t first;
+  test_read(rt, b, s, &first, sizeof first);
+  ASSERT_UEQ(first, 1); /* the kernel's write came back from host */
 }
 
 static void blocking_and_kept_locks(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  test_kernels_t k = test_kernels_of(rt, 0);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = alloc_zeroed(rt, s);
-  ASSERT_OK(hold(rt, &k, s, b, 50ull * 1000 * 1000, SPW_LAUNCH_BLOCK));
-  ASSERT_EQ(locks_of(rt, b), 0); /* no wait_idle: the call itself waited and released */
-  ASSERT_OK(fill(rt, &k, s, b, 0, 3, SPW_LAUNCH_KEEP_LOCKS));
+  ASSERT_OK(hold(b, 50ull * 1000 * 1000, SPW_LAUNCH_BLOCK));
+  ASSERT_EQ(locks_of(b), 0); /* no wait_idle: the call itself waited and released */
+  ASSERT_OK(fill(b, 0, 3, SPW_LAUNCH_KEEP_LOCKS));
   ASSERT_OK(spw_stream_wait(rt, s));
   ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_EQ(locks_of(rt, b), 1);
+  ASSERT_EQ(locks_of(b), 1);
   ASSERT_OK(spw_stream_synchronize(rt, s));
-  ASSERT_EQ(locks_of(rt, b), 0);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(locks_of(b), 0);
 }
 
 static void failing_buffer_argument_is_named_and_nothing_stays_locked(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  test_kernels_t k = test_kernels_of(rt, 0);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t dst = alloc_zeroed(rt, s), dead;
+  spw_buf_t dead;
   ASSERT_OK(spw_alloc(rt, 64, s, &dead));
   ASSERT_OK(spw_free(rt, dead));
-  uint64_t n = N;
-  spw_kernel_arg_t a[3] = {spw_karg_buf(dst, 0, 0), spw_karg_buf(dead, 0, SPW_ACQUIRE_READ),
-                           SPW_KARG(n)};
-  ASSERT_STATUS(spw_launch_kernel(rt, k.add_u32, grid_for(N), spw_dim3(256, 1, 1), a, 3, 0, s,
-                                  0),
-                SPW_ERR_FREED);
+  ASSERT_STATUS(add(b, dead, 0), SPW_ERR_FREED);
   ASSERT_TRUE(strstr(spw_last_error(rt), "kernel argument 1") != NULL);
-  ASSERT_EQ(locks_of(rt, dst), 0);
+  ASSERT_EQ(locks_of(b), 0);
   /* An offset past the end, counted in kernel arguments (values included). */
-  spw_kernel_arg_t b[3] = {SPW_KARG(n), spw_karg_buf(dst, 0, 0),
-                           spw_karg_buf(dst, N * sizeof(uint32_t) + 1, 0)};
-  ASSERT_STATUS(spw_launch_kernel(rt, k.add_u32, grid_for(N), spw_dim3(256, 1, 1), b, 3, 0, s,
-                                  0),
-                SPW_ERR_INVALID_ARG);
+  uint64_t n = N;
+  spw_kernel_arg_t a[3] = {SPW_KARG(n), spw_karg_buf(b, 0, 0),
+                           spw_karg_buf(b, N * sizeof(uint32_t) + 1, 0)};
+  ASSERT_STATUS(launch_n(k.add_u32, a, 3, 0), SPW_ERR_INVALID_ARG);
   ASSERT_TRUE(strstr(spw_last_error(rt), "kernel argument 2") != NULL);
-  ASSERT_EQ(locks_of(rt, dst), 0);
+  ASSERT_EQ(locks_of(b), 0);
   ASSERT_OK(spw_stream_synchronize(rt, s));
-  uint32_t *h = contents(rt, dst, s);
-  for (uint32_t i = 0; i < N; i++) ASSERT_UEQ(h[i], 0); /* no kernel ran */
-  free(h);
-  ASSERT_OK(spw_free(rt, dst));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  expect_contents(b, 0, 0); /* no kernel ran */
 }
 
 static void bad_launch_arguments_are_refused(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  test_kernels_t k = test_kernels_of(rt, 0);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = alloc_zeroed(rt, s);
   uint32_t v = 1;
   uint64_t n = N;
   spw_kernel_arg_t a[3] = {spw_karg_buf(b, 0, 0), SPW_KARG(v), SPW_KARG(n)};
@@ -235,83 +215,42 @@ static void bad_launch_arguments_are_refused(void) {
   ASSERT_STATUS(spw_launch_kernel(rt, k.fill_u32, g, blk, a, 3, 0,
                                   (spw_stream_t)(uintptr_t)0x1234, 0),
                 SPW_ERR_INVALID_STREAM);
-  ASSERT_EQ(locks_of(rt, b), 0);
-  ASSERT_OK(spw_launch_kernel(rt, k.fill_u32, g, blk, a, 3, 0, s, SPW_LAUNCH_BLOCK));
-  uint32_t *h = contents(rt, b, s);
-  for (uint32_t i = 0; i < N; i++) ASSERT_UEQ(h[i], 1);
-  free(h);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(locks_of(b), 0);
+  ASSERT_OK(launch_n(k.fill_u32, a, 3, SPW_LAUNCH_BLOCK));
+  expect_contents(b, 0, 1);
 }
 
 static void read_only_argument_keeps_its_clean_copy(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  test_kernels_t k = test_kernels_of(rt, 0);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t dst = alloc_zeroed(rt, s), src = alloc_zeroed(rt, s);
-  ASSERT_OK(fill(rt, &k, s, src, 0, 5, 0));
-  ASSERT_OK(fill(rt, &k, s, dst, 0, 1, 0));
+  spw_buf_t src = alloc_zeroed();
+  ASSERT_OK(fill(src, 0, 5, 0));
+  ASSERT_OK(fill(b, 0, 1, 0));
   ASSERT_OK(spw_stream_wait(rt, s));
   ASSERT_OK(spw_wait_idle(rt));
-  spw_buf_t both[2] = {dst, src};
+  spw_buf_t both[2] = {b, src};
   ASSERT_OK(spw_spill_n(rt, both, 2, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
-  uint64_t n = N;
-  spw_kernel_arg_t a[3] = {spw_karg_buf(dst, 0, 0), spw_karg_buf(src, 0, SPW_ACQUIRE_READ),
-                           SPW_KARG(n)};
-  ASSERT_OK(spw_launch_kernel(rt, k.add_u32, grid_for(N), spw_dim3(256, 1, 1), a, 3, 0, s, 0));
+  ASSERT_OK(add(b, src, 0));
   ASSERT_OK(spw_stream_wait(rt, s));
   ASSERT_OK(spw_wait_idle(rt));
-  spw_stats_t before = stats_of(rt);
-  ASSERT_OK(spw_spill_n(rt, both, 2, SPW_TIER_HOST));
-  ASSERT_OK(spw_wait_idle(rt));
-  spw_stats_t after = stats_of(rt);
-  ASSERT_UEQ(after.clean_respills - before.clean_respills, 1);
-  ASSERT_UEQ(after.spill_bytes - before.spill_bytes, N * sizeof(uint32_t));
-  uint32_t *h = contents(rt, dst, s);
-  for (uint32_t i = 0; i < N; i++) ASSERT_UEQ(h[i], 6);
-  free(h);
-  ASSERT_OK(spw_free(rt, dst));
-  ASSERT_OK(spw_free(rt, src));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  test_spilled_t d = test_spill_counted(rt, both, 2, SPW_TIER_HOST);
+  ASSERT_UEQ(d.clean_respills, 1);
+  ASSERT_UEQ(d.spill_bytes, N * sizeof(uint32_t));
+  expect_contents(b, 0, 6);
 }
 
 static void same_buffer_twice_in_one_kernel(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  test_kernels_t k = test_kernels_of(rt, 0);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = alloc_zeroed(rt, s);
-  ASSERT_OK(fill(rt, &k, s, b, 0, 21, 0));
-  uint64_t n = N;
-  spw_kernel_arg_t a[3] = {spw_karg_buf(b, 0, 0), spw_karg_buf(b, 0, SPW_ACQUIRE_READ),
-                           SPW_KARG(n)};
-  ASSERT_OK(spw_launch_kernel(rt, k.add_u32, grid_for(N), spw_dim3(256, 1, 1), a, 3, 0, s, 0));
-  uint32_t *h = contents(rt, b, s);
-  for (uint32_t i = 0; i < N; i++) ASSERT_UEQ(h[i], 42);
-  free(h);
-  ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_EQ(locks_of(rt, b), 0);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_OK(fill(b, 0, 21, 0));
+  ASSERT_OK(add(b, b, 0));
+  expect_contents(b, 0, 42);
+  expect_idle_and_unlocked(b);
 }
 
 /* CUDA only: a launch CUDA refuses (too many threads per block) fails with CUDA's text and
  * leaves nothing locked; and a host stub works where the test shares Spillway's runtime. */
 static void cuda_refused_launch_and_host_stubs(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
   spw_backend_kind_t kind;
   ASSERT_OK(spw_runtime_backend(rt, &kind));
-  if (kind != SPW_BACKEND_CUDA) {
-    printf("  (CUDA backend only)\n");
-    ASSERT_OK(spw_runtime_destroy(rt));
-    return;
-  }
-  test_kernels_t k = test_kernels_of(rt, 0);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = alloc_zeroed(rt, s);
+  TEST_SKIP_IF(kind != SPW_BACKEND_CUDA, "CUDA backend only");
   uint32_t v = 9;
   uint64_t n = N;
   spw_kernel_arg_t a[3] = {spw_karg_buf(b, 0, 0), SPW_KARG(v), SPW_KARG(n)};
@@ -319,17 +258,12 @@ static void cuda_refused_launch_and_host_stubs(void) {
                                   0),
                 SPW_ERR_CUDA);
   ASSERT_TRUE(strstr(spw_last_error(rt), "kernel launch: cudaError") != NULL);
-  ASSERT_EQ(locks_of(rt, b), 0);
+  ASSERT_EQ(locks_of(b), 0);
 #ifdef TEST_SAME_CUDA_RUNTIME
   test_kernels_t stubs = test_kernels_of(rt, 1);
-  ASSERT_OK(spw_launch_kernel(rt, stubs.fill_u32, grid_for(N), spw_dim3(256, 1, 1), a, 3, 0, s,
-                              SPW_LAUNCH_BLOCK));
-  uint32_t *h = contents(rt, b, s);
-  for (uint32_t i = 0; i < N; i++) ASSERT_UEQ(h[i], 9);
-  free(h);
+  ASSERT_OK(launch_n(stubs.fill_u32, a, 3, SPW_LAUNCH_BLOCK));
+  expect_contents(b, 0, 9);
 #endif
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static const spw_test_t tests[] = {
@@ -344,4 +278,4 @@ static const spw_test_t tests[] = {
     TEST(same_buffer_twice_in_one_kernel),
     TEST(cuda_refused_launch_and_host_stubs),
 };
-TEST_MAIN(tests)
+TEST_MAIN_FIXTURE(tests, before, after)

@@ -83,6 +83,21 @@ static inline spw_state_t state_of(spw_runtime_t *rt, spw_buf_t b) {
   return s;
 }
 
+/* What a spill moved: spw_spill_n of bufs[0..n) to `tier`, waited for, counted. */
+typedef struct test_spilled {
+  uint64_t spills, spill_bytes, clean_respills;
+} test_spilled_t;
+static inline test_spilled_t test_spill_counted(spw_runtime_t *rt, const spw_buf_t *bufs,
+                                                size_t n, spw_tier_t tier) {
+  spw_stats_t a = stats_of(rt);
+  ASSERT_OK(spw_spill_n(rt, bufs, n, tier));
+  ASSERT_OK(spw_wait_idle(rt));
+  spw_stats_t z = stats_of(rt);
+  test_spilled_t d = {z.spills - a.spills, z.spill_bytes - a.spill_bytes,
+                      z.clean_respills - a.clean_respills};
+  return d;
+}
+
 /* Writes n bytes of src into b through stream s: acquire, copy, synchronize (which
  * releases the lock). Valid on both backends. */
 static inline void test_write(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, const void *src,
