@@ -23,19 +23,19 @@ static uint32_t locks_of(spw_runtime_t *rt, spw_buf_t b) {
   return n;
 }
 
-/* The fixture every test starts from (before / after): a runtime on the test's backend, a
+/* The fixture every test starts from (open_fixture / close_fixture): a runtime on the test's backend, a
  * stream and three buffers of 4 KiB. The runtime's destruction frees what a test left. */
 static spw_runtime_t *rt;
 static spw_stream_t s;
 static spw_buf_t b[3];
 
-static void before(void) {
+static void open_fixture(void) {
   rt = test_runtime(NULL);
   ASSERT_OK(spw_stream_create(rt, &s));
   for (int i = 0; i < 3; i++) ASSERT_OK(spw_alloc(rt, 4096, s, &b[i]));
 }
 
-static void after(void) {
+static void close_fixture(void) {
   if (rt) ASSERT_OK(spw_runtime_destroy(rt));
   rt = NULL;
 }
@@ -236,7 +236,7 @@ static void offset_past_the_end_locks_nothing(void) {
   expect_unlocked(2);
 }
 
-static void bad_flags_are_refused_before_any_lock(void) {
+static void bad_flags_are_refused_st0any_lock(void) {
   seen_t w = {.rt = rt, .bufs = b, .n = 2};
   spw_buf_arg_t args[2] = {spw_buf_arg(b[0], 0, 0), spw_buf_arg(b[1], 0, 0x80)};
 #define REFUSED(call) ASSERT_STATUS(call, SPW_ERR_INVALID_ARG)
@@ -506,7 +506,7 @@ static const spw_test_t tests[] = {
     TEST(one_bad_handle_locks_nothing),
     TEST(out_of_memory_on_the_third_buffer_locks_nothing),
     TEST(offset_past_the_end_locks_nothing),
-    TEST(bad_flags_are_refused_before_any_lock),
+    TEST(bad_flags_are_refused_st0any_lock),
     TEST(nested_locks_survive_the_launch),
     TEST(other_locks_of_the_stream_survive_the_launch),
     TEST(same_buffer_twice_takes_two_locks),
@@ -518,4 +518,4 @@ static const spw_test_t tests[] = {
     TEST(stream_wait_releases_nothing),
     TEST(waiting_calls_refuse_inside_a_callback),
 };
-TEST_MAIN_FIXTURE(tests, before, after)
+TEST_MAIN_FIXTURE(tests, open_fixture, close_fixture)

@@ -13,7 +13,7 @@
 
 #define N 4096u /* elements of the test buffers */
 
-/* The fixture every test starts from (before / after): a runtime on the test's backend, its
+/* The fixture every test starts from (open_fixture / close_fixture): a runtime on the test's backend, its
  * kernels, a stream and b, a buffer of N zeroes. The runtime's destruction frees what a test
  * left allocated. */
 static spw_runtime_t *rt;
@@ -79,14 +79,14 @@ static spw_buf_t alloc_zeroed(void) {
   return buf;
 }
 
-static void before(void) {
+static void open_fixture(void) {
   rt = test_runtime(NULL);
   k = test_kernels_of(rt, 0);
   ASSERT_OK(spw_stream_create(rt, &s));
   b = alloc_zeroed();
 }
 
-static void after(void) {
+static void close_fixture(void) {
   if (rt) ASSERT_OK(spw_runtime_destroy(rt));
   rt = NULL;
 }
@@ -278,4 +278,4 @@ static const spw_test_t tests[] = {
     TEST(same_buffer_twice_in_one_kernel),
     TEST(cuda_refused_launch_and_host_stubs),
 };
-TEST_MAIN_FIXTURE(tests, before, after)
+TEST_MAIN_FIXTURE(tests, open_fixture, close_fixture)

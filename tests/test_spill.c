@@ -48,14 +48,28 @@ static size_t random_size(size_t max) {
   return n > max ? max : n;
 }
 
-/* Writes `n` bytes of `src` into the buffer (writable acquire) and releases it. */
-static void upload(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, const void *src, size_t n) {
-  test_write(rt, b, s, src, n);
+/* The fixture every test starts from (open_fixture / close_fixture): a runtime on the test's backend and
+ * two streams. The runtime's destruction frees what a test left allocated. */
+static spw_runtime_t *rt;
+static spw_stream_t s, s2;
+
+static void open_fixture(void) {
+  rt = test_runtime(NULL);
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_stream_create(rt, &s2));
 }
 
+static void close_fixture(void) {
+  if (rt) ASSERT_OK(spw_runtime_destroy(rt));
+  rt = NULL;
+}
+
+/* Writes `n` bytes of `src` into the buffer (writable acquire) and releases it. */
+static void upload(spw_buf_t b, const void *src, size_t n) { test_write(rt, b, s, src, n); }
+
 /* Reads the buffer back (acquire with `flags`) and requires it to equal test_fill(seed). */
-static void expect_contents(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, unsigned flags,
-                            const void *expected, size_t n, uint64_t seed) {
+static void expect_contents(spw_buf_t b, unsigned flags, const void *expected, size_t n,
+                            uint64_t seed) {
   uint8_t *got = malloc(n);
   ASSERT_TRUE(got != NULL);
   memset(got, 0xA5 ^ (int)(seed & 0xFF), n);
@@ -78,10 +92,28 @@ static uint8_t *pattern(size_t n, uint64_t seed) {
   return p;
 }
 
-static void spill_and_wait(spw_runtime_t *rt, spw_buf_t b) {
+/* A new buffer of n bytes holding pattern(n, seed), which *want receives (free it). */
+static spw_buf_t uploaded(size_t n, uint64_t seed, uint8_t **want) {
+  spw_buf_t b;
+  ASSERT_OK(spw_alloc(rt, n, s, &b));
+  *want = pattern(n, seed);
+  upload(b, *want, n);
+  return b;
+}
+
+static void spill_and_wait(spw_buf_t b) {
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
   ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
+}
+
+/* uploaded(), spilled to host, and read back with a read-only acquire: the buffer is
+ * resident again and its host copy is clean. */
+static spw_buf_t spilled_and_read(size_t n, uint64_t seed, uint8_t **want) {
+  spw_buf_t b = uploaded(n, seed, want);
+  spill_and_wait(b);
+  expect_contents(b, SPW_ACQUIRE_READ, *want, n, seed);
+  return b;
 }
 
 static void contents_survive_spill_unspill_cycles(void) {
@@ -92,28 +124,25 @@ static void contents_survive_spill_unspill_cycles(void) {
   size_t nsizes = 7;
   while (nsizes < sizeof sizes / sizeof sizes[0]) sizes[nsizes++] = random_size(max);
 
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
   for (size_t i = 0; i < nsizes; i++) {
     const size_t n = sizes[i];
     spw_buf_t b;
     ASSERT_OK(spw_alloc(rt, n, s, &b));
     uint64_t seed = i * 100;
     uint8_t *want = pattern(n, seed);
-    upload(rt, b, s, want, n);
+    upload(b, want, n);
     for (int c = 0; c < cycles; c++) {
-      spill_and_wait(rt, b);
-      expect_contents(rt, b, s, 0, want, n, seed);
+      spill_and_wait(b);
+      expect_contents(b, 0, want, n, seed);
       ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT);
       /* A new pattern every cycle: a stale host copy from an earlier cycle would show. */
       free(want);
       seed++;
       want = pattern(n, seed);
-      upload(rt, b, s, want, n);
+      upload(b, want, n);
     }
-    spill_and_wait(rt, b);
-    expect_contents(rt, b, s, 0, want, n, seed);
+    spill_and_wait(b);
+    expect_contents(b, 0, want, n, seed);
     free(want);
     ASSERT_OK(spw_free(rt, b));
   }
@@ -121,18 +150,12 @@ static void contents_survive_spill_unspill_cycles(void) {
   ASSERT_UEQ(st.host_bytes, 0);
   ASSERT_UEQ(st.device_bytes, 0);
   ASSERT_UEQ(st.buffers, 0);
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static void spill_of_locked_buffer_is_refused(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
-  spw_buf_t b;
   void *d = NULL;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  ASSERT_OK(spw_alloc(rt, 8192, s, &b));
-  uint8_t *want = pattern(8192, 1);
-  upload(rt, b, s, want, 8192);
+  uint8_t *want;
+  spw_buf_t b = uploaded(8192, 1, &want);
   ASSERT_OK(spw_acquire(rt, b, s, SPW_ACQUIRE_READ, &d));
   ASSERT_STATUS(spw_spill(rt, b, SPW_TIER_HOST), SPW_ERR_LOCKED);
   ASSERT_OK(spw_wait_idle(rt));
@@ -140,24 +163,16 @@ static void spill_of_locked_buffer_is_refused(void) {
   ASSERT_UEQ(stats_of(rt).spills, 0);
   ASSERT_OK(spw_stream_synchronize(rt, s));
   /* Unlocked, the same request goes through. */
-  spill_and_wait(rt, b);
-  expect_contents(rt, b, s, 0, want, 8192, 1);
+  spill_and_wait(b);
+  expect_contents(b, 0, want, 8192, 1);
   free(want);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static void acquire_of_host_buffer_is_right_after_stream_sync(void) {
   const size_t n = 3 * MIB + 5;
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s1, s2;
-  spw_buf_t b;
-  ASSERT_OK(spw_stream_create(rt, &s1));
-  ASSERT_OK(spw_stream_create(rt, &s2));
-  ASSERT_OK(spw_alloc(rt, n, s1, &b));
-  uint8_t *want = pattern(n, 2);
-  upload(rt, b, s1, want, n);
-  spill_and_wait(rt, b);
+  uint8_t *want;
+  spw_buf_t b = uploaded(n, 2, &want);
+  spill_and_wait(b);
   /* The acquire only enqueues the copy back; the stream's next copy must run after it. */
   uint8_t *got = malloc(n);
   ASSERT_TRUE(got != NULL);
@@ -171,95 +186,63 @@ static void acquire_of_host_buffer_is_right_after_stream_sync(void) {
   ASSERT_UEQ(test_first_mismatch(got, n, 2), (size_t)-1);
   free(got);
   free(want);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static void second_stream_waits_for_copy_back_too(void) {
   /* Stream 1 brings the buffer back; stream 2 acquires it at once, while the copy may
    * still be in flight, and must see the whole contents all the same. */
   const size_t n = 4 * MIB - 3;
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s1, s2;
-  spw_buf_t b;
-  ASSERT_OK(spw_stream_create(rt, &s1));
-  ASSERT_OK(spw_stream_create(rt, &s2));
-  ASSERT_OK(spw_alloc(rt, n, s1, &b));
-  uint8_t *want = pattern(n, 3);
-  upload(rt, b, s1, want, n);
+  uint8_t *want;
+  spw_buf_t b = uploaded(n, 3, &want);
   uint8_t *got = malloc(n);
   ASSERT_TRUE(got != NULL);
   for (int round = 0; round < 4; round++) {
-    spill_and_wait(rt, b);
+    spill_and_wait(b);
     void *d1 = NULL, *d2 = NULL;
     memset(got, 0, n);
-    ASSERT_OK(spw_acquire(rt, b, s1, SPW_ACQUIRE_READ, &d1));
+    ASSERT_OK(spw_acquire(rt, b, s, SPW_ACQUIRE_READ, &d1));
     ASSERT_OK(spw_acquire(rt, b, s2, SPW_ACQUIRE_READ, &d2));
     ASSERT_PTR_EQ(d1, d2);
     ASSERT_OK(spw_memcpy_async(rt, got, d2, n, s2));
     ASSERT_OK(spw_stream_synchronize(rt, s2));
     ASSERT_UEQ(test_first_mismatch(got, n, 3), (size_t)-1);
-    ASSERT_OK(spw_stream_synchronize(rt, s1));
+    ASSERT_OK(spw_stream_synchronize(rt, s));
   }
   free(got);
   free(want);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static void read_only_acquire_makes_next_spill_clean(void) {
   const size_t n = 1 * MIB + 17;
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
-  spw_buf_t b;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  ASSERT_OK(spw_alloc(rt, n, s, &b));
-  uint8_t *want = pattern(n, 4);
-  upload(rt, b, s, want, n);
-  spill_and_wait(rt, b);
-  expect_contents(rt, b, s, SPW_ACQUIRE_READ, want, n, 4);
-
-  const spw_stats_t before = stats_of(rt);
-  spill_and_wait(rt, b);
-  const spw_stats_t after = stats_of(rt);
-  ASSERT_UEQ(after.spills, before.spills + 1);
-  ASSERT_UEQ(after.clean_respills, before.clean_respills + 1);
-  ASSERT_UEQ(after.spill_bytes, before.spill_bytes);
-  ASSERT_UEQ(after.host_bytes, n);
-  ASSERT_UEQ(after.device_bytes, 0);
+  uint8_t *want;
+  spw_buf_t b = spilled_and_read(n, 4, &want);
+  test_spilled_t d = test_spill_counted(rt, &b, 1, SPW_TIER_HOST);
+  ASSERT_UEQ(d.spills, 1);
+  ASSERT_UEQ(d.clean_respills, 1);
+  ASSERT_UEQ(d.spill_bytes, 0);
+  spw_stats_t st = stats_of(rt);
+  ASSERT_UEQ(st.host_bytes, n);
+  ASSERT_UEQ(st.device_bytes, 0);
   /* The kept copy is the real contents, not just a claim. */
-  expect_contents(rt, b, s, 0, want, n, 4);
+  expect_contents(b, 0, want, n, 4);
   free(want);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static void writable_acquire_makes_next_spill_move_bytes(void) {
   const size_t n = 1 * MIB + 17;
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
-  spw_buf_t b;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  ASSERT_OK(spw_alloc(rt, n, s, &b));
-  uint8_t *first = pattern(n, 5);
-  upload(rt, b, s, first, n);
-  spill_and_wait(rt, b);
-  expect_contents(rt, b, s, SPW_ACQUIRE_READ, first, n, 5);
+  uint8_t *first;
+  spw_buf_t b = spilled_and_read(n, 5, &first);
   /* A writable acquire after the read-only one: the kept host copy is stale from here. */
   uint8_t *second = pattern(n, 6);
-  upload(rt, b, s, second, n);
-
-  const spw_stats_t before = stats_of(rt);
-  spill_and_wait(rt, b);
-  const spw_stats_t after = stats_of(rt);
-  ASSERT_UEQ(after.spills, before.spills + 1);
-  ASSERT_UEQ(after.clean_respills, before.clean_respills);
-  ASSERT_UEQ(after.spill_bytes, before.spill_bytes + n);
-  expect_contents(rt, b, s, 0, second, n, 6);
+  upload(b, second, n);
+  test_spilled_t d = test_spill_counted(rt, &b, 1, SPW_TIER_HOST);
+  ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
+  ASSERT_UEQ(d.spills, 1);
+  ASSERT_UEQ(d.clean_respills, 0);
+  ASSERT_UEQ(d.spill_bytes, n);
+  expect_contents(b, 0, second, n, 6);
   free(first);
   free(second);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static void acquire_during_spill_abandons_it(void) {
@@ -274,15 +257,12 @@ static void acquire_during_spill_abandons_it(void) {
 #else
   const int attempts = 150;
 #endif
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
   spw_buf_t b;
-  ASSERT_OK(spw_stream_create(rt, &s));
   ASSERT_OK(spw_alloc(rt, n, s, &b));
   uint8_t *want[2] = {pattern(n, 7), pattern(n, 8)};
   uint8_t *got = malloc(n);
   ASSERT_TRUE(got != NULL);
-  upload(rt, b, s, want[0], n);
+  upload(b, want[0], n);
   const spw_stats_t before = stats_of(rt);
   for (int a = 0; a < attempts; a++) {
     const uint64_t seed = 7 + (uint64_t)(a & 1);
@@ -315,24 +295,17 @@ static void acquire_during_spill_abandons_it(void) {
   ASSERT_UEQ(abandoned + spilled, (uint64_t)attempts);
   ASSERT_UEQ(after.failures, before.failures);
   ASSERT_UEQ(after.host_bytes, 0);
-  expect_contents(rt, b, s, 0, want[attempts & 1], n, 7 + (uint64_t)(attempts & 1));
+  expect_contents(b, 0, want[attempts & 1], n, 7 + (uint64_t)(attempts & 1));
   free(got);
   free(want[0]);
   free(want[1]);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static void prefetch_brings_host_buffer_back(void) {
   const size_t n = 2 * MIB + 4095;
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
-  spw_buf_t b;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  ASSERT_OK(spw_alloc(rt, n, s, &b));
-  uint8_t *want = pattern(n, 9);
-  upload(rt, b, s, want, n);
-  spill_and_wait(rt, b);
+  uint8_t *want;
+  spw_buf_t b = uploaded(n, 9, &want);
+  spill_and_wait(b);
   const spw_stats_t before = stats_of(rt);
   ASSERT_OK(spw_prefetch(rt, b, s));
   ASSERT_OK(spw_wait_idle(rt));
@@ -344,19 +317,14 @@ static void prefetch_brings_host_buffer_back(void) {
   ASSERT_UEQ(mid.unspills, before.unspills + 1);
   ASSERT_UEQ(mid.device_bytes, n);
   /* The acquire finds it resident: no second copy back. */
-  expect_contents(rt, b, s, 0, want, n, 9);
+  expect_contents(b, 0, want, n, 9);
   ASSERT_UEQ(stats_of(rt).unspills, mid.unspills);
   free(want);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static void stats_move_as_documented(void) {
   const size_t na = 1 * MIB + 100, nb = 300000;
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
   spw_buf_t a, b;
-  ASSERT_OK(spw_stream_create(rt, &s));
   uint64_t limit = 0;
   ASSERT_OK(spw_runtime_limits(rt, &limit, NULL, NULL));
 
@@ -378,8 +346,8 @@ static void stats_move_as_documented(void) {
   ASSERT_UEQ(st.locked_bytes, 0);
 
   uint8_t *want = pattern(na, 10);
-  upload(rt, a, s, want, na);
-  spill_and_wait(rt, a);
+  upload(a, want, na);
+  spill_and_wait(a);
   st = stats_of(rt);
   ASSERT_UEQ(st.device_bytes, nb);
   ASSERT_UEQ(st.host_bytes, na);
@@ -422,14 +390,10 @@ static void stats_move_as_documented(void) {
   ASSERT_UEQ(small.buffers, 0);
   ASSERT_UEQ(small.device_bytes, 0xEEEEEEEEEEEEEEEEull);
   free(want);
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static void stats_summary_is_not_empty(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
   spw_buf_t b;
-  ASSERT_OK(spw_stream_create(rt, &s));
   ASSERT_OK(spw_alloc(rt, 4096, s, &b));
   char line[512];
   memset(line, 'x', sizeof line);
@@ -442,23 +406,18 @@ static void stats_summary_is_not_empty(void) {
   memset(tiny, 'x', sizeof tiny);
   ASSERT_OK(spw_stats_summary(rt, tiny, sizeof tiny));
   ASSERT_EQ(strlen(tiny), sizeof tiny - 1);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 /* SPW_ACQUIRE_TRY takes a resident buffer like a plain acquire and refuses, changing
  * nothing, to bring back a spilled one. */
 static void try_acquire_refuses_to_bring_a_buffer_back(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
   spw_buf_t b;
   void *d = NULL;
-  ASSERT_OK(spw_stream_create(rt, &s));
   ASSERT_OK(spw_alloc(rt, 8192, s, &b));
   ASSERT_OK(spw_acquire(rt, b, s, SPW_ACQUIRE_TRY, &d));
   ASSERT_PTR_NE(d, NULL);
   ASSERT_OK(spw_stream_synchronize(rt, s));
-  spill_and_wait(rt, b);
+  spill_and_wait(b);
   d = NULL;
   ASSERT_STATUS(spw_acquire(rt, b, s, SPW_ACQUIRE_TRY | SPW_ACQUIRE_READ, &d), SPW_ERR_NOT_READY);
   ASSERT_STATUS(spw_acquire_n(rt, &b, 1, s, SPW_ACQUIRE_TRY, &d), SPW_ERR_NOT_READY);
@@ -469,8 +428,6 @@ static void try_acquire_refuses_to_bring_a_buffer_back(void) {
   ASSERT_EQ(locks, 0);
   ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
   ASSERT_OK(spw_stream_synchronize(rt, s));
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 static void seed(void) { rng_state = spw_test_seed(); }
@@ -488,4 +445,4 @@ static const spw_test_t tests[] = {
     TEST(stats_summary_is_not_empty),
     TEST(try_acquire_refuses_to_bring_a_buffer_back),
 };
-TEST_MAIN_WITH(tests, seed, NULL)
+TEST_MAIN_HOOKS(tests, seed, NULL, open_fixture, close_fixture)
