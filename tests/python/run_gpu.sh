@@ -12,6 +12,9 @@
 #   tests/python/run_gpu.sh dask            spillway.dask's LocalCluster tests on the CUDA
 #                                           backend (needs the dask wheels in .whl/), their
 #                                           per-worker statistics, and a traced demo's picture
+#   tests/python/run_gpu.sh fuzz            the hostile-input tests and the Hypothesis fuzzing
+#                                           of the API on the CUDA backend (needs hypothesis
+#                                           and sortedcontainers wheels in .whl/)
 #
 # Every phase after `install` expects it to have run on the same machine (a fresh machine
 # needs `install` again). Results go to $OUT (default $SPW_GPU_LOGS/python, the log
@@ -104,6 +107,15 @@ for w, s in d['workers'].items():
       --title "spillway-demo on $(head -2 "$out/gpu.txt" | tail -1 | cut -d, -f1)"
   fi
   ;;
+fuzz)
+  # SPW_FUZZ_SEED fixes the seed (printed either way); SPW_FUZZ_EXAMPLES the budget.
+  SPILLWAY_BACKEND=cuda SPILLWAY_FUZZ_SEED=${SPW_FUZZ_SEED:-} \
+    SPILLWAY_FUZZ_EXAMPLES=${SPW_FUZZ_EXAMPLES:-100} timeout 580 python3 -m pytest -q -rs -s \
+    -p no:cacheprovider --junitxml="$out/fuzz-tests.xml" tests/python/test_bad_input.py \
+    tests/python/test_fuzz.py >"$out/fuzz-tests.log" 2>&1
+  echo "fuzz tests rc=$?: $(tail -1 "$out/fuzz-tests.log")"
+  grep -E "^(FAILED|ERROR|SKIPPED)|fuzz seed" "$out/fuzz-tests.log" | head -20
+  ;;
 suite-builtin) suite builtin default ;;
 suite-spillway) suite spillway spillway.numba ;;
 compare)
@@ -124,7 +136,7 @@ bench)
   echo "== stream rc=$?"; tail -7 "$out/bench_stream.txt"
   ;;
 *)
-  sed -n 2,18p "$0"
+  sed -n 2,21p "$0"
   exit 2
   ;;
 esac
