@@ -59,6 +59,30 @@ static spw_runtime_t *disk_runtime(const char *dir, uint64_t device_limit, uint6
   return test_runtime(&cfg);
 }
 
+/* The fixture: the test's runtime and spill directory, opened by open_disk (or by hand, for
+ * a test that needs more) and closed after every test (close_fixture: the runtime destroyed,
+ * which frees what the test left, then the directory removed, which must be empty). */
+static char fx_dir[PATH_MAX];
+static spw_runtime_t *fx_rt;
+
+static spw_runtime_t *open_disk(uint64_t device_limit, uint64_t host_limit, spw_stream_t *s) {
+  make_dir(fx_dir, sizeof fx_dir, "disk");
+  fx_rt = disk_runtime(fx_dir, device_limit, host_limit);
+  ASSERT_OK(spw_stream_create(fx_rt, s));
+  return fx_rt;
+}
+
+static void close_runtime(void) {
+  if (fx_rt) ASSERT_OK(spw_runtime_destroy(fx_rt));
+  fx_rt = NULL;
+}
+
+static void close_fixture(void) {
+  close_runtime();
+  if (fx_dir[0]) remove_spill_dir(fx_dir);
+  fx_dir[0] = '\0';
+}
+
 static spw_buf_t filled(spw_runtime_t *rt, spw_stream_t s, size_t n, uint64_t version) {
   uint8_t *src = malloc(n);
   ASSERT_TRUE(src != NULL);
@@ -95,11 +119,8 @@ static void spill_wait(spw_runtime_t *rt, spw_buf_t b, spw_tier_t tier, spw_stat
 
 static void buffers_go_device_host_disk_device_intact(void) {
   /* A 4 MiB host tier: spilling more demotes the least recently used to disk. */
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 4 * MIB);
   spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_runtime_t *rt = open_disk(32 * MIB, 4 * MIB, &s);
   uint64_t rng = seed0;
   size_t sizes[20] = {1, 7, 4095, 4096, 4097, 12345, 1 * MIB + 1};
   const size_t nb = sizeof sizes / sizeof sizes[0];
@@ -127,16 +148,11 @@ static void buffers_go_device_host_disk_device_intact(void) {
   ASSERT_UEQ(st.disk_reads, (uint64_t)on_disk);
   ASSERT_UEQ(st.disk_bytes, 0);
   for (size_t i = 0; i < nb; i++) ASSERT_OK(spw_free(rt, b[i]));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
 }
 
 static void spill_to_disk_tier_skips_the_host(void) {
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
   spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_runtime_t *rt = open_disk(32 * MIB, 32 * MIB, &s);
   /* Several staging chunks and a ragged tail, and less than one page. */
   const size_t sizes[3] = {5 * MIB + 123, 4095, 2 * MIB};
   for (int i = 0; i < 3; i++) {
@@ -159,8 +175,6 @@ static void spill_to_disk_tier_skips_the_host(void) {
     ASSERT_UEQ(stats_of(rt).disk_reads, before.disk_reads + 1);
     ASSERT_OK(spw_free(rt, b));
   }
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
 }
 
 /* Four threads, each with its own buffers and stream, in an 8 MiB device / 4 MiB host
@@ -188,11 +202,8 @@ typedef struct dt_worker {
 /* A spill to host that finds no host memory (the buffer is larger than the whole host tier,
  * and there is nothing to demote) goes straight to disk: the device needs the room. */
 static void spill_to_a_full_host_tier_goes_to_disk(void) {
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 1 * MIB);
   spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_runtime_t *rt = open_disk(32 * MIB, 1 * MIB, &s);
   const size_t n = 3 * MIB + 5;
   spw_buf_t b = filled(rt, s, n, 70);
   spill_wait(rt, b, SPW_TIER_HOST, SPW_STATE_DISK);
@@ -202,8 +213,6 @@ static void spill_to_a_full_host_tier_goes_to_disk(void) {
   ASSERT_UEQ(st.disk_bytes, n);
   expect_contents(rt, b, s, n, 70);
   ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
 }
 
 static void *dt_main(void *arg) {
@@ -229,9 +238,8 @@ static void *dt_main(void *arg) {
 }
 
 static void four_threads_under_pressure_keep_contents(void) {
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  spw_runtime_t *rt = disk_runtime(dir, 8 * MIB, 4 * MIB);
+  spw_stream_t s0;
+  spw_runtime_t *rt = open_disk(8 * MIB, 4 * MIB, &s0);
   dt_worker_t w[DT_THREADS];
   memset(w, 0, sizeof w);
   for (int t = 0; t < DT_THREADS; t++) {
@@ -271,72 +279,61 @@ static void four_threads_under_pressure_keep_contents(void) {
   const spw_stats_t end = stats_of(rt);
   ASSERT_UEQ(end.disk_bytes, 0);
   ASSERT_UEQ(end.host_bytes, 0);
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
+}
+
+/* The runtime of the fault tests (32 MiB device and host) with one buffer of n bytes,
+ * version v, spilled to `tier` (SPW_TIER_DEVICE: left resident). */
+static spw_buf_t one_buffer(size_t n, uint64_t v, spw_tier_t tier, spw_runtime_t **rt,
+                            spw_stream_t *s) {
+  *rt = open_disk(32 * MIB, 32 * MIB, s);
+  spw_buf_t b = filled(*rt, *s, n, v);
+  if (tier == SPW_TIER_HOST) spill_wait(*rt, b, tier, SPW_STATE_HOST);
+  if (tier == SPW_TIER_DISK) spill_wait(*rt, b, tier, SPW_STATE_DISK);
+  return b;
+}
+
+/* The next disk transfer fails with EIO; returns the statistics before it. */
+static spw_stats_t fail_next_transfer(spw_runtime_t *rt) {
+  spw_stats_t st = stats_of(rt);
+  spw__inject_disk_fault(rt, SPW_ERR_IO, 1);
+  return st;
+}
+
+/* A write to disk that fails (EIO) leaves the buffer where it was, counted as a failure,
+ * its contents intact, and the tier works again once the fault is spent: from the host
+ * tier (a demotion) and from the device (a direct spill). */
+static void write_eio_keeps_buffer_where_it_was(spw_tier_t from, size_t n, uint64_t v) {
+  spw_runtime_t *rt;
+  spw_stream_t s;
+  spw_buf_t b = one_buffer(n, v, from, &rt, &s);
+  const spw_stats_t before = fail_next_transfer(rt);
+  ASSERT_OK(spw_spill(rt, b, SPW_TIER_DISK));
+  ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_IO);
+  ASSERT_EQ(state_of(rt, b), from == SPW_TIER_HOST ? SPW_STATE_HOST : SPW_STATE_RESIDENT);
+  const spw_stats_t after = stats_of(rt);
+  ASSERT_UEQ(after.failures, before.failures + 1);
+  ASSERT_UEQ(after.disk_bytes, 0);
+  ASSERT_UEQ(from == SPW_TIER_HOST ? after.host_bytes : after.device_bytes, n);
+  ASSERT_UEQ(after.demotions, before.demotions);
+  expect_contents(rt, b, s, n, v);
+  spill_wait(rt, b, SPW_TIER_DISK, SPW_STATE_DISK);
+  expect_contents(rt, b, s, n, v);
 }
 
 static void write_eio_keeps_buffer_on_host(void) {
-  const size_t n = 3 * MIB + 11;
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = filled(rt, s, n, 60);
-  spill_wait(rt, b, SPW_TIER_HOST, SPW_STATE_HOST);
-  const spw_stats_t before = stats_of(rt);
-  spw__inject_disk_fault(rt, SPW_ERR_IO, 1);
-  ASSERT_OK(spw_spill(rt, b, SPW_TIER_DISK));
-  ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_IO);
-  ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
-  const spw_stats_t after = stats_of(rt);
-  ASSERT_UEQ(after.failures, before.failures + 1);
-  ASSERT_UEQ(after.host_bytes, n);
-  ASSERT_UEQ(after.disk_bytes, 0);
-  ASSERT_UEQ(after.demotions, before.demotions);
-  expect_contents(rt, b, s, n, 60);
-  /* The tier still works once the fault is spent. */
-  spill_wait(rt, b, SPW_TIER_DISK, SPW_STATE_DISK);
-  expect_contents(rt, b, s, n, 60);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
+  write_eio_keeps_buffer_where_it_was(SPW_TIER_HOST, 3 * MIB + 11, 60);
 }
 
 static void write_eio_on_direct_spill_keeps_buffer_resident(void) {
-  const size_t n = 5 * MIB - 1;
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = filled(rt, s, n, 61);
-  const uint64_t failures = stats_of(rt).failures;
-  spw__inject_disk_fault(rt, SPW_ERR_IO, 1);
-  ASSERT_OK(spw_spill(rt, b, SPW_TIER_DISK));
-  ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_IO);
-  ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT);
-  const spw_stats_t st = stats_of(rt);
-  ASSERT_UEQ(st.failures, failures + 1);
-  ASSERT_UEQ(st.disk_bytes, 0);
-  ASSERT_UEQ(st.device_bytes, n);
-  expect_contents(rt, b, s, n, 61);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
+  write_eio_keeps_buffer_where_it_was(SPW_TIER_DEVICE, 5 * MIB - 1, 61);
 }
 
 static void read_eio_fails_acquire_and_keeps_buffer_on_disk(void) {
   const size_t n = 5 * MIB + 3;
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
+  spw_runtime_t *rt;
   spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = filled(rt, s, n, 62);
-  spill_wait(rt, b, SPW_TIER_DISK, SPW_STATE_DISK);
-  const spw_stats_t before = stats_of(rt);
-  spw__inject_disk_fault(rt, SPW_ERR_IO, 1);
+  spw_buf_t b = one_buffer(n, 62, SPW_TIER_DISK, &rt, &s);
+  const spw_stats_t before = fail_next_transfer(rt);
   void *d = (void *)&d;
   ASSERT_STATUS(spw_acquire(rt, b, s, 0, &d), SPW_ERR_IO);
   ASSERT_PTR_EQ(d, (void *)&d);
@@ -346,45 +343,39 @@ static void read_eio_fails_acquire_and_keeps_buffer_on_disk(void) {
   ASSERT_UEQ(after.device_bytes, before.device_bytes);
   ASSERT_UEQ(after.disk_bytes, n);
   expect_contents(rt, b, s, n, 62);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
 }
 
 static void spill_file_is_invisible_and_leaves_no_trace(void) {
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  ASSERT_EQ(test_dir_entries(dir), 0);
-  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
   spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_runtime_t *rt = open_disk(32 * MIB, 32 * MIB, &s);
+  ASSERT_EQ(test_dir_entries(fx_dir), 0);
   spw_buf_t direct = filled(rt, s, 3 * MIB + 1, 70);
   spw_buf_t demoted = filled(rt, s, 100000, 71);
   spill_wait(rt, direct, SPW_TIER_DISK, SPW_STATE_DISK);
   spill_wait(rt, demoted, SPW_TIER_HOST, SPW_STATE_HOST);
   spill_wait(rt, demoted, SPW_TIER_DISK, SPW_STATE_DISK);
   ASSERT_UEQ(stats_of(rt).disk_bytes, 3 * MIB + 1 + 100000);
-  ASSERT_EQ(test_dir_entries(dir), 0); /* the data is on disk, in a file nobody can name */
+  ASSERT_EQ(test_dir_entries(fx_dir), 0); /* the data is on disk, in a file nobody can name */
   /* Destroyed with buffers still on disk: nothing is left behind either. */
-  ASSERT_OK(spw_runtime_destroy(rt));
-  ASSERT_EQ(test_dir_entries(dir), 0);
-  remove_spill_dir(dir);
+  close_runtime();
+  ASSERT_EQ(test_dir_entries(fx_dir), 0);
 }
 
 static void enospc_on_small_tmpfs_keeps_buffers_on_host(void) {
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "tmpfs");
+  char *dir = fx_dir;
+  make_dir(dir, sizeof fx_dir, "tmpfs");
   /* A private mount namespace when we may have one, so that the mount vanishes with the
    * process even if an assertion kills it. Best effort: without it, unmounted below. */
   if (unshare(CLONE_NEWNS) == 0) (void)mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL);
   if (mount("tmpfs", dir, "tmpfs", 0, "size=16m,mode=0700") != 0) {
     printf("  mount tmpfs: %s\n", strerror(errno));
     test_tmpdir_remove(dir);
+    fx_dir[0] = '\0';
     TEST_SKIP_IF(1, "cannot mount a tmpfs here (needs root)");
   }
   const size_t n = 5 * MIB + 1; /* three fit in 16 MiB, five do not */
   const int nb = 5;
-  spw_runtime_t *rt = disk_runtime(dir, 64 * MIB, 64 * MIB);
+  spw_runtime_t *rt = fx_rt = disk_runtime(dir, 64 * MIB, 64 * MIB);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
   spw_buf_t b[5];
@@ -409,11 +400,9 @@ static void enospc_on_small_tmpfs_keeps_buffers_on_host(void) {
   ASSERT_UEQ(st.disk_bytes, (uint64_t)on_disk * n);
   ASSERT_UEQ(st.host_bytes, (uint64_t)on_host * n);
   for (int i = 0; i < nb; i++) expect_contents(rt, b[i], s, n, 80 + (uint64_t)i);
-  for (int i = 0; i < nb; i++) ASSERT_OK(spw_free(rt, b[i]));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  close_runtime();
   ASSERT_EQ(test_dir_entries(dir), 0);
   ASSERT_EQ(umount2(dir, MNT_DETACH), 0);
-  remove_spill_dir(dir);
 }
 
 /* ---- batches: buffers moved to and from disk together ---------------------------------- */
@@ -440,22 +429,13 @@ static int count_in(spw_runtime_t *rt, const spw_buf_t *b, spw_state_t want) {
   return k;
 }
 
-/* A runtime with BATCH_N filled buffers, in a spill directory of its own. */
+/* A runtime with BATCH_N filled buffers, in the fixture's spill directory. */
 typedef struct batch_fixture {
-  char dir[PATH_MAX];
   spw_runtime_t *rt;
   spw_stream_t s;
   spw_buf_t b[BATCH_N];
   uint64_t v0;
 } batch_fixture_t;
-
-static void batch_open(batch_fixture_t *f, uint64_t v0) {
-  make_dir(f->dir, sizeof f->dir, "disk");
-  f->rt = disk_runtime(f->dir, 64 * MIB, 64 * MIB);
-  ASSERT_OK(spw_stream_create(f->rt, &f->s));
-  f->v0 = v0;
-  fill_batch(f->rt, f->s, f->b, v0);
-}
 
 static void batch_spill_to_disk(batch_fixture_t *f) {
   ASSERT_OK(spw_spill_n(f->rt, f->b, BATCH_N, SPW_TIER_DISK));
@@ -463,17 +443,20 @@ static void batch_spill_to_disk(batch_fixture_t *f) {
   ASSERT_EQ(count_in(f->rt, f->b, SPW_STATE_DISK), BATCH_N);
 }
 
-/* Checks every buffer's contents, then frees everything. */
-static void batch_close(batch_fixture_t *f) {
-  expect_batch(f->rt, f->s, f->b, f->v0);
-  for (size_t i = 0; i < BATCH_N; i++) ASSERT_OK(spw_free(f->rt, f->b[i]));
-  ASSERT_OK(spw_runtime_destroy(f->rt));
-  remove_spill_dir(f->dir);
+/* The batch, versions from v0, left resident (SPW_TIER_DEVICE) or spilled to disk. */
+static void batch_open(batch_fixture_t *f, uint64_t v0, spw_tier_t tier) {
+  f->rt = open_disk(64 * MIB, 64 * MIB, &f->s);
+  f->v0 = v0;
+  fill_batch(f->rt, f->s, f->b, v0);
+  if (tier == SPW_TIER_DISK) batch_spill_to_disk(f);
 }
+
+/* Checks every buffer's contents (close_fixture frees them). */
+static void batch_close(batch_fixture_t *f) { expect_batch(f->rt, f->s, f->b, f->v0); }
 
 static void small_buffers_spilled_together_share_disk_requests(void) {
   batch_fixture_t f;
-  batch_open(&f, 100);
+  batch_open(&f, 100, SPW_TIER_DEVICE);
   const spw_stats_t before = stats_of(f.rt);
   batch_spill_to_disk(&f);
   const spw_stats_t wrote = stats_of(f.rt);
@@ -498,8 +481,7 @@ static void small_buffers_spilled_together_share_disk_requests(void) {
 
 static void acquire_n_reads_disk_buffers_as_one_batch(void) {
   batch_fixture_t f;
-  batch_open(&f, 200);
-  batch_spill_to_disk(&f);
+  batch_open(&f, 200, SPW_TIER_DISK);
   const spw_stats_t before = stats_of(f.rt);
   void *d[BATCH_N];
   ASSERT_OK(spw_acquire_n(f.rt, f.b, BATCH_N, f.s, 0, d));
@@ -510,19 +492,26 @@ static void acquire_n_reads_disk_buffers_as_one_batch(void) {
   batch_close(&f);
 }
 
+/* After one failed request in a batch: some buffers moved and some did not (counted in
+ * *on_disk and *resident, printed); returns the statistics. */
+static spw_stats_t split_by_one_failure(batch_fixture_t *f, int *on_disk, int *resident) {
+  *on_disk = count_in(f->rt, f->b, SPW_STATE_DISK);
+  *resident = count_in(f->rt, f->b, SPW_STATE_RESIDENT);
+  printf("  one failed request: %d on disk, %d resident\n", *on_disk, *resident);
+  ASSERT_EQ(*on_disk + *resident, BATCH_N);
+  ASSERT_GT(*on_disk, 0);
+  ASSERT_GT(*resident, 0);
+  return stats_of(f->rt);
+}
+
 static void failed_write_in_a_batch_keeps_only_its_buffers_resident(void) {
   batch_fixture_t f;
-  batch_open(&f, 300);
+  batch_open(&f, 300, SPW_TIER_DEVICE);
   spw__inject_disk_fault(f.rt, SPW_ERR_IO, 1);
   ASSERT_OK(spw_spill_n(f.rt, f.b, BATCH_N, SPW_TIER_DISK));
   ASSERT_STATUS(spw_wait_idle(f.rt), SPW_ERR_IO);
-  const int on_disk = count_in(f.rt, f.b, SPW_STATE_DISK);
-  const int resident = count_in(f.rt, f.b, SPW_STATE_RESIDENT);
-  const spw_stats_t st = stats_of(f.rt);
-  printf("  one failed request: %d on disk, %d resident\n", on_disk, resident);
-  ASSERT_EQ(on_disk + resident, BATCH_N);
-  ASSERT_GT(on_disk, 0);
-  ASSERT_GT(resident, 0);
+  int on_disk, resident;
+  const spw_stats_t st = split_by_one_failure(&f, &on_disk, &resident);
   ASSERT_UEQ(st.failures, (uint64_t)resident);
   ASSERT_UEQ(st.disk_writes, (uint64_t)on_disk);
   expect_batch(f.rt, f.s, f.b, f.v0);
@@ -533,19 +522,12 @@ static void failed_write_in_a_batch_keeps_only_its_buffers_resident(void) {
 
 static void failed_read_in_a_batch_keeps_only_its_buffers_on_disk(void) {
   batch_fixture_t f;
-  batch_open(&f, 400);
-  batch_spill_to_disk(&f);
-  const spw_stats_t before = stats_of(f.rt);
-  spw__inject_disk_fault(f.rt, SPW_ERR_IO, 1);
+  batch_open(&f, 400, SPW_TIER_DISK);
+  const spw_stats_t before = fail_next_transfer(f.rt);
   ASSERT_OK(spw_prefetch_n(f.rt, f.b, BATCH_N, f.s));
   ASSERT_STATUS(spw_wait_idle(f.rt), SPW_ERR_IO);
-  const int on_disk = count_in(f.rt, f.b, SPW_STATE_DISK);
-  const int resident = count_in(f.rt, f.b, SPW_STATE_RESIDENT);
-  const spw_stats_t st = stats_of(f.rt);
-  printf("  one failed request: %d resident, %d still on disk\n", resident, on_disk);
-  ASSERT_EQ(on_disk + resident, BATCH_N);
-  ASSERT_GT(on_disk, 0);
-  ASSERT_GT(resident, 0);
+  int on_disk, resident;
+  const spw_stats_t st = split_by_one_failure(&f, &on_disk, &resident);
   ASSERT_UEQ(st.failures, before.failures + (uint64_t)on_disk);
   ASSERT_UEQ(st.disk_reads, before.disk_reads + (uint64_t)resident);
   batch_close(&f); /* those still on disk are read one by one here */
@@ -556,11 +538,8 @@ static void failed_read_in_a_batch_keeps_only_its_buffers_on_disk(void) {
  * itself); the rest stays on disk, counted as dropped. Nothing fails and nothing is lost:
  * acquires read the rest. */
 static void prefetch_larger_than_the_budget_brings_in_what_fits(void) {
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  spw_runtime_t *rt = disk_runtime(dir, 8 * MIB, 64 * MIB);
   spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_runtime_t *rt = open_disk(8 * MIB, 64 * MIB, &s);
   enum { NB = 24 };
   spw_buf_t b[NB];
   for (int i = 0; i < NB; i++) {
@@ -582,24 +561,17 @@ static void prefetch_larger_than_the_budget_brings_in_what_fits(void) {
   ASSERT_UEQ(after.hints_pending, 0);
   for (int i = 0; i < NB; i++) expect_contents(rt, b[i], s, MIB, 500 + (uint64_t)i);
   for (int i = 0; i < NB; i++) ASSERT_OK(spw_free(rt, b[i]));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
 }
 
 /* Skips the whole run (77) when SPILLWAY_IO=uring and the kernel refuses io_uring: the
  * library then reports the disk tier unsupported. Any other failure is a failure. */
 static void skip_if_uring_refused(void) {
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
-  spw_runtime_t *rt = disk_runtime(dir, 32 * MIB, 32 * MIB);
   spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_runtime_t *rt = open_disk(32 * MIB, 32 * MIB, &s);
   spw_buf_t b = filled(rt, s, 4096, 1);
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_DISK));
   const int st = spw_wait_idle(rt);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
+  close_fixture();
   const char *io = getenv("SPILLWAY_IO");
   printf("SPILLWAY_IO=%s: disk tier %s\n", io ? io : "(unset)", spw_err_name(st));
   TEST_SKIP_IF(st == SPW_ERR_UNSUPPORTED && io && strcmp(io, "uring") == 0,
@@ -612,17 +584,16 @@ static void skip_if_uring_refused(void) {
  * are freed (every tier full means nothing can move: a buffer read back from disk needs a
  * device copy before its disk copy goes), work goes on. */
 static void alloc_with_host_and_disk_full_says_the_disk_is_full(void) {
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir, "disk");
+  make_dir(fx_dir, sizeof fx_dir, "disk");
   spw_config_t cfg = SPW_CONFIG_INIT;
-  cfg.spill_dir = dir;
+  cfg.spill_dir = fx_dir;
   cfg.device_limit = 2 * MIB;
   cfg.host_limit = 1 * MIB;
   cfg.disk_limit = 1 * MIB;
   cfg.host_device_bytes = 8 * MIB;
   cfg.high_watermark = 1.0; /* only the allocations spill */
   cfg.low_watermark = 0.9;
-  spw_runtime_t *rt = test_runtime(&cfg);
+  spw_runtime_t *rt = fx_rt = test_runtime(&cfg);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
   spw_buf_t b[5];
@@ -642,8 +613,6 @@ static void alloc_with_host_and_disk_full_says_the_disk_is_full(void) {
   expect_contents(rt, b[4], s, 1 * MIB, 74);
   for (int i = 1; i < 5; i++)
     if (i != 3) ASSERT_OK(spw_free(rt, b[i]));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  remove_spill_dir(dir);
 }
 
 static void setup(void) {
@@ -673,4 +642,4 @@ static const spw_test_t tests[] = {
     TEST(prefetch_larger_than_the_budget_brings_in_what_fits),
     TEST(enospc_on_small_tmpfs_keeps_buffers_on_host),
 };
-TEST_MAIN_WITH(tests, setup, teardown)
+TEST_MAIN_HOOKS(tests, setup, teardown, NULL, close_fixture)
