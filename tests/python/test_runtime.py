@@ -1,5 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """Runtime: configuration, limits, lifetime."""
+import gc
 import weakref
 
 import pytest
@@ -109,3 +110,29 @@ def test_a_dropped_runtime_is_destroyed_at_once():
     w = weakref.ref(r)
     del r
     assert w() is None  # no reference cycle keeps it for the cyclic collector
+
+
+def test_a_runtime_in_a_reference_cycle_with_its_buffer_is_collected():
+    rt = spillway.Runtime(backend="host", device_limit=16 * MiB, host_device_bytes=32 * MiB,
+                          ignore_env=True)
+    rt.kept = rt.alloc(4096)  # runtime -> its __dict__ -> buffer -> runtime
+    gone = weakref.ref(rt)
+    del rt
+    gc.collect()
+    assert gone() is None
+
+
+def test_a_dropped_runtimes_controller_link_is_collected():
+    rt = spillway.Runtime(backend="host", device_limit=16 * MiB, host_device_bytes=32 * MiB,
+                          ignore_env=True)
+
+    class Picky(spillway.Controller):
+        def pressure(self, nbytes_needed, max_victims):
+            return []
+
+    rt.set_controller(Picky())  # the link's pressure callable refers back to the link
+    rt.set_controller(None)
+    link = weakref.ref(rt.__dict__["_spw_link"])
+    del rt
+    gc.collect()
+    assert link() is None

@@ -73,11 +73,10 @@ static int add_enum(PyObject *m, const char *name, const spwpy_named_t *e) {
   if (!t) return -1;
   for (Py_ssize_t i = 0; i < n; i++) {
     PyObject *pair = Py_BuildValue("(sl)", e[i].name, e[i].value);
-    if (!pair) {
+    if (!pair || PyTuple_SetItem(t, i, pair) < 0) {
       Py_DECREF(t);
       return -1;
     }
-    PyTuple_SetItem(t, i, pair); /* steals; cannot fail on a fresh tuple in range */
   }
   int rc = PyModule_AddObjectRef(m, name, t);
   Py_DECREF(t);
