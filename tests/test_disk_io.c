@@ -66,14 +66,19 @@ static int sink_logged(sink_t *s, const char *needle) {
   return c;
 }
 
+/* The fixture of every test: a spill file in a directory of its own, an I/O object on it,
+ * the sink of its messages, and what the test took from it (a buffer, an extent), all
+ * released by fixture_close, which the driver runs after every test (close_fixture). */
 typedef struct fixture {
   char dir[4096];
   spw_spill_file_t *file;
   spw_io_t *io;
   spw_io_kind_t kind;
   sink_t sink;
+  char *buf;
+  spw_disk_extent_t e;
+  int has_e;
 } fixture_t;
-
 
 static void fixture_file(fixture_t *fx) {
   test_tmpdir(fx->dir, sizeof fx->dir, "disk-io");
@@ -101,17 +106,44 @@ static void fixture_open(fixture_t *fx, spw_io_kind_t kind) {
   ASSERT_OK(fixture_open_with(fx, kind, p));
 }
 
+/* Idempotent: a test may close early (to skip, or to check what closing does). */
 static void fixture_close(fixture_t *fx) {
+  if (!fx->file) return;
   if (fx->io) spw__io_close(fx->io);
+  if (fx->has_e) spw__spill_file_free(fx->file, &fx->e);
   spw__spill_file_close(fx->file);
   ASSERT_EQ(rmdir(fx->dir), 0);
   test_tmpdir_forget(fx->dir);
+  free(fx->buf);
+  memset(fx, 0, sizeof *fx);
 }
+
+static fixture_t fx;
+
+static void close_fixture(void) { fixture_close(&fx); }
 
 static void *aligned(size_t n) {
   void *p = NULL;
   ASSERT_EQ(posix_memalign(&p, 4096, n), 0);
   return p;
+}
+
+/* An extent of n bytes of the fixture's spill file, freed with it. */
+static spw_disk_extent_t extent_of(uint64_t n) {
+  ASSERT_TRUE(!fx.has_e);
+  ASSERT_OK(spw__spill_file_alloc(fx.file, n, &fx.e));
+  fx.has_e = 1;
+  return fx.e;
+}
+
+/* The fixture on `kind`, with a 4 KiB-aligned buffer of n bytes (test_fill(seed) unless
+ * seed is 0) and an extent of `extent` bytes of the spill file (fx.e), freed with it. */
+static char *fixture_with(spw_io_kind_t kind, size_t n, uint64_t seed, size_t extent) {
+  fixture_open(&fx, kind);
+  fx.buf = aligned(n);
+  if (seed) test_fill(fx.buf, n, seed);
+  if (extent) (void)extent_of(extent);
+  return fx.buf;
 }
 
 static uint64_t rng_next(uint64_t *s) {
@@ -151,7 +183,6 @@ static void reap_all_(spw_io_t *io, unsigned n, int want, int idle_ok) {
 /* ---- tests ------------------------------------------------------------------------------- */
 
 static void test_random_writes_read_back(spw_io_kind_t kind) {
-  fixture_t fx;
   fixture_open(&fx, kind);
   enum { N = 48 };
   void *buf[N];
@@ -173,8 +204,7 @@ static void test_random_writes_read_back(spw_io_kind_t kind) {
     order[i] = order[j];
     order[j] = t;
   }
-  spw_disk_extent_t e;
-  ASSERT_OK(spw__spill_file_alloc(fx.file, end, &e));
+  spw_disk_extent_t e = extent_of(end);
   /* All submitted before any is reaped: more than the queue holds. */
   for (int k = 0; k < N; k++) {
     int i = order[k];
@@ -194,8 +224,6 @@ static void test_random_writes_read_back(spw_io_kind_t kind) {
     free(buf[i]);
   }
   ASSERT_EQ(fx.sink.n_err, 0);
-  spw__spill_file_free(fx.file, &e);
-  fixture_close(&fx);
 }
 
 static void test_fixed_buffers_write_and_read(spw_io_kind_t kind) {
@@ -210,7 +238,6 @@ static void test_fixed_buffers_write_and_read(spw_io_kind_t kind) {
   p.fixed_lens = lens;
   p.n_fixed = 2;
   p.queue_depth = 4;
-  fixture_t fx;
   ASSERT_OK(fixture_open_with(&fx, kind, p));
   if (kind == SPW_IO_URING && sink_logged(&fx.sink, "staging buffers failed")) {
     fixture_close(&fx);
@@ -219,8 +246,7 @@ static void test_fixed_buffers_write_and_read(spw_io_kind_t kind) {
     TEST_SKIP_IF(1, "the kernel refused to register the staging buffers: fixed transfers not "
                     "exercised");
   }
-  spw_disk_extent_t e;
-  ASSERT_OK(spw__spill_file_alloc(fx.file, 2 * SLOTS * slot, &e));
+  spw_disk_extent_t e = extent_of(2 * SLOTS * slot);
   /* Each slot of each buffer to its own place, through the registered index. */
   for (int b = 0; b < 2; b++)
     for (int s = 0; s < SLOTS; s++) {
@@ -255,20 +281,15 @@ static void test_fixed_buffers_write_and_read(spw_io_kind_t kind) {
   ASSERT_STATUS(spw__io_submit_write(fx.io, staging[0] + 3 * slot, 2 * slot, e.off, 0, 0),
                 SPW_ERR_INVALID_ARG);
   ASSERT_EQ(spw__io_inflight(fx.io), 0);
-  spw__spill_file_free(fx.file, &e);
   fixture_close(&fx);
   free(staging[0]);
   free(staging[1]);
 }
 
 static void test_injected_eio_reaches_completion_and_next_works(spw_io_kind_t kind) {
-  fixture_t fx;
-  fixture_open(&fx, kind);
   size_t n = 64 * KiB;
-  char *buf = aligned(n);
-  test_fill(buf, n, 1);
-  spw_disk_extent_t e;
-  ASSERT_OK(spw__spill_file_alloc(fx.file, n, &e));
+  char *buf = fixture_with(kind, n, 1, n);
+  spw_disk_extent_t e = fx.e;
   spw__io_inject_fault(fx.io, SPW_ERR_IO, 1);
   ASSERT_OK(spw__io_submit_write(fx.io, buf, n, e.off, -1, 42));
   spw_io_completion_t c;
@@ -290,18 +311,12 @@ static void test_injected_eio_reaches_completion_and_next_works(spw_io_kind_t ki
   ASSERT_OK(spw__io_read_all(fx.io, buf, n, e.off));
   ASSERT_EQ(test_first_mismatch(buf, n, 1), (size_t)-1);
   ASSERT_EQ(spw__io_inflight(fx.io), 0);
-  spw__spill_file_free(fx.file, &e);
-  free(buf);
-  fixture_close(&fx);
 }
 
 static void test_injected_disk_full_reaches_completion_and_next_works(spw_io_kind_t kind) {
-  fixture_t fx;
-  fixture_open(&fx, kind);
   size_t n = 128 * KiB;
-  char *buf = aligned(n);
-  spw_disk_extent_t e;
-  ASSERT_OK(spw__spill_file_alloc(fx.file, 4 * n, &e));
+  char *buf = fixture_with(kind, n, 0, 4 * n);
+  spw_disk_extent_t e = fx.e;
   /* Two of four writes in flight fail; which two is up to the issue order. */
   spw__io_inject_fault(fx.io, SPW_ERR_DISK_FULL, 2);
   test_fill(buf, n, 9);
@@ -325,19 +340,12 @@ static void test_injected_disk_full_reaches_completion_and_next_works(spw_io_kin
   memset(buf, 0, n);
   ASSERT_OK(spw__io_read_all(fx.io, buf, n, e.off + 3 * n));
   ASSERT_EQ(test_first_mismatch(buf, n, 9), (size_t)-1);
-  spw__spill_file_free(fx.file, &e);
-  free(buf);
-  fixture_close(&fx);
 }
 
 static void test_injected_short_transfers_complete(spw_io_kind_t kind) {
-  fixture_t fx;
-  fixture_open(&fx, kind);
   size_t n = 1 * MiB;
-  char *buf = aligned(n);
-  test_fill(buf, n, 5);
-  spw_disk_extent_t e;
-  ASSERT_OK(spw__spill_file_alloc(fx.file, n, &e));
+  char *buf = fixture_with(kind, n, 5, n);
+  spw_disk_extent_t e = fx.e;
   /* 1 MiB goes as 512 KiB, 256, 128, 64, 32 and the last 32: six transfers, one request. */
   spw__io_inject_fault(fx.io, 1, 5);
   ASSERT_OK(spw__io_submit_write(fx.io, buf, n, e.off, -1, 1));
@@ -363,37 +371,25 @@ static void test_injected_short_transfers_complete(spw_io_kind_t kind) {
   reap_all(fx.io, N, SPW_OK);
   ASSERT_EQ(test_first_mismatch(buf, n, 6), (size_t)-1);
   ASSERT_EQ(fx.sink.n_err, 0);
-  spw__spill_file_free(fx.file, &e);
-  free(buf);
-  fixture_close(&fx);
 }
 
 static void test_read_past_end_of_file_fails_with_io_error(spw_io_kind_t kind) {
-  fixture_t fx;
-  fixture_open(&fx, kind);
   size_t n = 64 * KiB;
-  char *buf = aligned(n);
+  char *buf = fixture_with(kind, n, 0, 0);
   /* A real failure from the kernel, not an injected one: nothing there to read. */
   ASSERT_STATUS(spw__io_read_all(fx.io, buf, n, 1ull << 40), SPW_ERR_IO);
   ASSERT_EQ(fx.sink.n_err, 1);
   ASSERT_TRUE(strstr(fx.sink.err_text[0], "no progress") != NULL);
   ASSERT_EQ(spw__io_inflight(fx.io), 0);
-  free(buf);
-  fixture_close(&fx);
 }
 
 static void test_write_past_max_file_size_is_disk_full(spw_io_kind_t kind) {
-  fixture_t fx;
-  fixture_open(&fx, kind);
   size_t n = 64 * KiB;
-  char *buf = aligned(n);
-  test_fill(buf, n, 3);
+  char *buf = fixture_with(kind, n, 3, 0);
   /* Past ext4's and xfs's largest file, far below INT64_MAX: the kernel says EFBIG. Where
    * it accepts the offset (tmpfs), there is nothing to check: the test skips. */
   uint64_t off = (uint64_t)1 << 62;
   int st = spw__io_write_all(fx.io, buf, n, off);
-  free(buf);
-  fixture_close(&fx);
   TEST_SKIP_IF(st == SPW_OK, "this file system takes a write at 4 EiB: EFBIG not exercised");
   ASSERT_STATUS(st, SPW_ERR_DISK_FULL);
   ASSERT_EQ(fx.sink.n_err, 1);
@@ -402,7 +398,6 @@ static void test_write_past_max_file_size_is_disk_full(spw_io_kind_t kind) {
 
 static void test_buffered_file_works(spw_io_kind_t kind) {
   /* The spill file is buffered where O_DIRECT is refused; the same calls must work. */
-  fixture_t fx;
   memset(&fx, 0, sizeof fx);
   pthread_mutex_init(&fx.sink.mu, NULL);
   fixture_file(&fx);
@@ -415,7 +410,7 @@ static void test_buffered_file_works(spw_io_kind_t kind) {
   p.ctx = &fx.sink;
   ASSERT_OK(spw__io_open(&p, &fx.io));
   size_t n = 2 * MiB;
-  char *buf = aligned(n);
+  char *buf = fx.buf = aligned(n);
   test_fill(buf, n, 21);
   spw__io_inject_fault(fx.io, 1, 4);
   ASSERT_OK(spw__io_write_all(fx.io, buf, n, 8 * MiB));
@@ -431,14 +426,11 @@ static void test_buffered_file_works(spw_io_kind_t kind) {
   spw__io_close(fx.io);
   fx.io = NULL;
   ASSERT_EQ(close(fd), 0);
-  free(buf);
-  fixture_close(&fx);
 }
 
 static void test_bad_arguments_are_rejected(spw_io_kind_t kind) {
-  fixture_t fx;
   fixture_open(&fx, kind);
-  char *buf = aligned(8192);
+  char *buf = fx.buf = aligned(8192);
   ASSERT_STATUS(spw__io_submit_write(fx.io, NULL, 4096, 0, -1, 0), SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw__io_submit_write(fx.io, buf, 0, 0, -1, 0), SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw__io_submit_read(NULL, buf, 4096, 0, -1, 0), SPW_ERR_INVALID_ARG);
@@ -464,19 +456,15 @@ static void test_bad_arguments_are_rejected(spw_io_kind_t kind) {
   p.kind = (spw_io_kind_t)7;
   ASSERT_STATUS(spw__io_open(&p, &io), SPW_ERR_INVALID_ARG);
   ASSERT_TRUE(io == NULL);
-  free(buf);
-  fixture_close(&fx);
 }
 
 static void test_close_waits_for_requests_in_flight(spw_io_kind_t kind) {
-  fixture_t fx;
   fixture_open(&fx, kind);
   enum { N = 40 };
   size_t n = 1 * MiB;
-  char *buf = aligned(N * n);
+  char *buf = fx.buf = aligned(N * n);
   for (int i = 0; i < N; i++) test_fill(buf + (size_t)i * n, n, 1000 + (uint64_t)i);
-  spw_disk_extent_t e;
-  ASSERT_OK(spw__spill_file_alloc(fx.file, N * n, &e));
+  spw_disk_extent_t e = extent_of(N * n);
   for (uint64_t i = 0; i < N; i++)
     ASSERT_OK(spw__io_submit_write(fx.io, buf + i * n, n, e.off + i * n, -1, i));
   /* Close at once, nothing reaped; when it returns every write must be on the file. */
@@ -491,9 +479,6 @@ static void test_close_waits_for_requests_in_flight(spw_io_kind_t kind) {
   }
   for (int i = 0; i < N; i++)
     ASSERT_EQ(test_first_mismatch(buf + (size_t)i * n, n, 1000 + (uint64_t)i), (size_t)-1);
-  spw__spill_file_free(fx.file, &e);
-  free(buf);
-  fixture_close(&fx);
 }
 
 /* Threads that submit while another reaps, and threads using the synchronous helpers, all
@@ -535,16 +520,14 @@ static void *mt_sync(void *arg) {
 }
 
 static void test_threads_submit_reap_and_wait_concurrently(spw_io_kind_t kind) {
-  fixture_t fx;
   spw_io_params_t p = {0};
   p.queue_depth = 8; /* small, so submitters also meet a full ring */
   ASSERT_OK(fixture_open_with(&fx, kind, p));
   enum { PER = 64, SUBS = 2, SYNCS = 2 };
   size_t n = 64 * KiB;
-  char *buf = aligned((SUBS * PER + SYNCS) * n);
+  char *buf = fx.buf = aligned((SUBS * PER + SYNCS) * n);
   for (unsigned i = 0; i < SUBS * PER; i++) test_fill(buf + i * n, n, i);
-  spw_disk_extent_t e;
-  ASSERT_OK(spw__spill_file_alloc(fx.file, (SUBS * PER + SYNCS) * n, &e));
+  spw_disk_extent_t e = extent_of((SUBS * PER + SYNCS) * n);
   mt_t sub[SUBS], reaper = {fx.io, e, buf, n, 0, SUBS * PER}, syn[SYNCS];
   pthread_t ts[SUBS], tr, tsy[SYNCS];
   ASSERT_EQ(pthread_create(&tr, NULL, mt_reaper, &reaper), 0);
@@ -564,9 +547,6 @@ static void test_threads_submit_reap_and_wait_concurrently(spw_io_kind_t kind) {
   ASSERT_OK(spw__io_read_all(fx.io, buf, SUBS * PER * n, e.off));
   for (unsigned i = 0; i < SUBS * PER; i++)
     ASSERT_EQ(test_first_mismatch(buf + i * n, n, i), (size_t)-1);
-  spw__spill_file_free(fx.file, &e);
-  free(buf);
-  fixture_close(&fx);
 }
 
 /* ---- io_uring refused: a seccomp filter answers io_uring_setup with EPERM, as container
@@ -594,7 +574,6 @@ static void test_refused_io_uring_falls_back_or_is_unsupported(void) {
   ASSERT_TRUE(pid >= 0);
   if (pid == 0) {
     if (deny_io_uring() != 0) _exit(TEST_SKIP);
-    fixture_t fx;
     fixture_open(&fx, SPW_IO_AUTO);
     ASSERT_EQ(spw__io_kind(fx.io), SPW_IO_POSIX);
     ASSERT_EQ(sink_logged(&fx.sink, "io_uring refused (EPERM"), 1);
@@ -627,7 +606,6 @@ static void test_refused_io_uring_falls_back_or_is_unsupported(void) {
 
 /* Whether io_uring can be opened here; prints why not. */
 static int uring_available_now(void) {
-  fixture_t fx;
   spw_io_params_t p = {0};
   int st = fixture_open_with(&fx, SPW_IO_URING, p);
   if (st != SPW_OK) {
@@ -697,4 +675,4 @@ static const spw_test_t tests[] = {
     TEST(test_threads_submit_reap_and_wait_concurrently_posix),
     TEST(refused_io_uring_falls_back_or_is_unsupported),
 };
-TEST_MAIN(tests)
+TEST_MAIN_FIXTURE(tests, NULL, close_fixture)
