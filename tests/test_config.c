@@ -427,22 +427,34 @@ static void set_every_variable(void) {
   setenv("SPILLWAY_HOST_DEVICE_BYTES", "64MiB", 1);
 }
 
+/* Checks the settings that both the struct and set_every_variable() set against `want`, a
+ * configuration holding the expected values. */
+static void expect_settings(const spw_settings_t *s, const spw_config_t *want) {
+  ASSERT_EQ(s->device, want->device);
+  ASSERT_EQ(s->backend, want->backend);
+  ASSERT_UEQ(s->device_limit, want->device_limit);
+  ASSERT_UEQ(s->host_limit, want->host_limit);
+  ASSERT_UEQ(s->disk_limit, want->disk_limit);
+  ASSERT_TRUE(strcmp(s->spill_dir, want->spill_dir) == 0);
+  ASSERT_EQ(s->io, want->io);
+  ASSERT_DBL_EQ(s->high_watermark, want->high_watermark);
+  ASSERT_DBL_EQ(s->low_watermark, want->low_watermark);
+  ASSERT_EQ(s->log_level, want->log_level);
+  ASSERT_UEQ(s->host_device_bytes, want->host_device_bytes);
+}
+
 static void zero_struct_fields_take_the_environment(void) {
   set_every_variable();
   spw_config_t c = SPW_CONFIG_INIT;
   spw_settings_t s;
   ASSERT_OK(resolve(&c, &s));
-  ASSERT_EQ(s.device, 5);
-  ASSERT_EQ(s.backend, SPW_BACKEND_CUDA);
-  ASSERT_UEQ(s.device_limit, 10 * GiB);
-  ASSERT_UEQ(s.host_limit, 20 * GiB);
-  ASSERT_UEQ(s.disk_limit, 30 * GiB);
-  ASSERT_TRUE(strcmp(s.spill_dir, "/env/dir") == 0);
-  ASSERT_EQ(s.io, SPW_IO_POSIX);
-  ASSERT_DBL_EQ(s.high_watermark, 0.7);
-  ASSERT_DBL_EQ(s.low_watermark, 0.6);
-  ASSERT_EQ(s.log_level, SPW_LOG_DEBUG);
-  ASSERT_UEQ(s.host_device_bytes, 64 * MiB);
+  const spw_config_t from_env = {.device = 5, .backend = SPW_BACKEND_CUDA,
+                                 .device_limit = 10 * GiB, .host_limit = 20 * GiB,
+                                 .disk_limit = 30 * GiB, .spill_dir = "/env/dir",
+                                 .io = SPW_IO_POSIX, .high_watermark = 0.7,
+                                 .low_watermark = 0.6, .log_level = SPW_LOG_DEBUG,
+                                 .host_device_bytes = 64 * MiB};
+  expect_settings(&s, &from_env);
 }
 
 static void struct_fields_beat_the_environment(void) {
@@ -461,17 +473,7 @@ static void struct_fields_beat_the_environment(void) {
   c.host_device_bytes = 128 * MiB;
   spw_settings_t s;
   ASSERT_OK(resolve(&c, &s));
-  ASSERT_EQ(s.device, 1);
-  ASSERT_EQ(s.backend, SPW_BACKEND_HOST);
-  ASSERT_UEQ(s.device_limit, 1 * GiB);
-  ASSERT_UEQ(s.host_limit, 2 * GiB);
-  ASSERT_UEQ(s.disk_limit, 3 * GiB);
-  ASSERT_TRUE(strcmp(s.spill_dir, "/struct/dir") == 0);
-  ASSERT_EQ(s.io, SPW_IO_URING);
-  ASSERT_DBL_EQ(s.high_watermark, 0.9);
-  ASSERT_DBL_EQ(s.low_watermark, 0.8);
-  ASSERT_EQ(s.log_level, SPW_LOG_ERROR);
-  ASSERT_UEQ(s.host_device_bytes, 128 * MiB);
+  expect_settings(&s, &c);
 }
 
 static void struct_field_hides_a_bad_variable(void) {
