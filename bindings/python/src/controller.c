@@ -196,11 +196,13 @@ static PyObject *event_tuple(const event_t *e) {
  * once the link is closed and empty. Waits with the GIL released. */
 static PyObject *link_take(PyObject *self, PyObject *args) {
   spwpy_link_t *l = LINK(self);
-  Py_ssize_t max;
+  PyObject *mobj;
+  unsigned long long want;
   double timeout;
-  if (!PyArg_ParseTuple(args, "nd", &max, &timeout)) return NULL;
-  if (max <= 0) max = 1;
-  if (max > QUEUE_MAX) max = QUEUE_MAX;
+  if (!PyArg_ParseTuple(args, "Od", &mobj, &timeout) ||
+      spwpy_u64_from(mobj, "max", 1, SPW_ERR_INVALID_ARG, &want) < 0)
+    return NULL;
+  Py_ssize_t max = want > QUEUE_MAX ? (Py_ssize_t)QUEUE_MAX : (Py_ssize_t)want;
   event_t *got = malloc((size_t)max * sizeof *got);
   if (!got) return PyErr_NoMemory();
   size_t n = 0;
@@ -245,8 +247,8 @@ static PyObject *link_take(PyObject *self, PyObject *args) {
 /* mark(gen): an event in the queue's order, for the delivery thread (a controller switch,
  * a flush). */
 static PyObject *link_mark(PyObject *self, PyObject *arg) {
-  unsigned long long gen = PyLong_AsUnsignedLongLong(arg);
-  if (gen == (unsigned long long)-1 && PyErr_Occurred()) return NULL;
+  unsigned long long gen;
+  if (spwpy_u64_from(arg, "gen", 0, SPW_ERR_INVALID_ARG, &gen) < 0) return NULL;
   event_t e = {.kind = EV_MARK, .gen = gen};
   push(LINK(self), &e);
   Py_RETURN_NONE;
