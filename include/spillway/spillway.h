@@ -351,6 +351,15 @@ SPW_API int spw_release_n_async(spw_runtime_t *rt, const spw_buf_t *bufs, size_t
 
 /* ---------------------------------------------------------------------------------------
  * Spilling, explicitly
+ *
+ * These calls are hints, with a bounded cost however often they are sent: the runtime keeps
+ * at most one pending hint per buffer. A hint equal to the pending one merges with it
+ * (stats.hints_merged), a different one replaces it, the newest winning
+ * (stats.hints_replaced); a hint for a buffer being moved by an earlier hint of the same
+ * kind merges too. So what is left to do is at most one move per buffer. A prefetch brings
+ * in only what can stay: up to the high watermark, making room only from buffers that no
+ * prefetch brought in since their last acquire; the rest of the request stays where it is
+ * (stats.prefetch_dropped), which is no failure.
  * ------------------------------------------------------------------------------------- */
 
 /* Asks the engine to move an unlocked buffer down to `tier` (HOST or DISK), asynchronously.
@@ -368,9 +377,11 @@ SPW_API int spw_spill(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t tier);
  * marks it resident once the copy has completed, so work on any stream may use it after a
  * later acquire. Prefetches queued together move as one batch. The host copy is kept as a
  * clean copy (a re-spill before any write moves no bytes). A buffer already on the device
- * or on its way is SPW_OK. Completion: spw_wait_idle, or the state / the controller. Errors
- * as for spw_acquire's validation; a failed prefetch leaves the buffer where it was and is
- * reported through spw_async_error. May be called from a controller callback. */
+ * or on its way is SPW_OK. A prefetched buffer is not pushed out by a later prefetch until
+ * it has been acquired once; one that finds no such room is dropped (see above).
+ * Completion: spw_wait_idle, or the state / the controller. Errors as for spw_acquire's
+ * validation; a failed prefetch (a copy or read error) leaves the buffer where it was and
+ * is reported through spw_async_error. May be called from a controller callback. */
 SPW_API int spw_prefetch(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream);
 
 /* spw_spill and spw_prefetch for many buffers in one request: the engine moves them as one
@@ -385,9 +396,13 @@ SPW_API int spw_spill_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, spw_
 SPW_API int spw_prefetch_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
                            spw_stream_t stream);
 
-/* Blocks until every spill, demotion and prefetch queued so far has completed. Returns the
- * first asynchronous error since the last call (and clears it), else SPW_OK.
- * SPW_ERR_WOULD_DEADLOCK from inside a controller callback. */
+/* Blocks until every spill, demotion and prefetch queued before the call has been carried
+ * out, with what that work queued itself (a controller callback on an engine thread
+ * ordering a spill), and the background spilling asked for before the call; what other
+ * threads queue meanwhile is not waited for, so threads that keep sending hints cannot hold
+ * it back. Then every pending stream completion runs. Returns the first asynchronous error
+ * since the last call (and clears it), else SPW_OK. SPW_ERR_WOULD_DEADLOCK from inside a
+ * controller callback. Thread-safe. */
 SPW_API int spw_wait_idle(spw_runtime_t *rt);
 
 /* ---------------------------------------------------------------------------------------
