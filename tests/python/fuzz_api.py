@@ -281,6 +281,13 @@ class ApiMachine(RuleBasedStateMachine):
         cls = getattr(spillway._spillway, name)
         obj = call(cls)
         call(cls, arg)
+        bare = call(cls.__new__, cls)  # never initialized: every method must still be safe
+        if bare is not None:
+            for attr in ("prepare_args", "close", "take", "alloc", "limits"):
+                fn = getattr(bare, attr, None)
+                if fn is not None:
+                    call(fn, None, arg, stream=None, retr=[]) if attr == "prepare_args" \
+                        else call(fn)
         if obj is not None:  # one that may be built: every call on it is refused or works
             for attr in ("close", "stats", "_stats", "limits", "alloc", "take", "summary"):
                 fn = getattr(obj, attr, None)

@@ -29,6 +29,19 @@ def test_extension_types_without_a_constructor_refuse_to_be_built(expr):
     assert "cannot create" in p.stdout
 
 
+def test_a_launch_extension_made_without_init_refuses_to_prepare_arguments():
+    p = run_python(
+        "import spillway\n"
+        "cls = spillway._spillway.LaunchExtensionBase\n"
+        "ext = cls.__new__(cls)\n"
+        "try:\n"
+        "    ext.prepare_args(None, 1, stream=None, retr=[])\n"
+        "except TypeError as e:\n"
+        "    print(e)\n")
+    assert p.returncode == 0, p.stderr
+    assert "__init__ was not called" in p.stdout
+
+
 # -- sizes ------------------------------------------------------------------------------------
 
 SIZE_FIELDS = ["device_limit", "host_limit", "disk_limit", "host_device_bytes", "trace_max"]

@@ -288,6 +288,10 @@ static PyObject *ext_prepare_args(PyObject *self, PyObject *const *args, Py_ssiz
       else if (PyUnicode_CompareWithASCIIString(k, "retr") == 0) retr = args[nargs + i];
     }
   }
+  if (!e->array_type || !e->readonly_type) { /* made by __new__ without __init__ */
+    PyErr_SetString(PyExc_TypeError, "LaunchExtensionBase.__init__ was not called");
+    return NULL;
+  }
   PyTypeObject *vt = Py_TYPE(val);
   int read;
   if (vt == (PyTypeObject *)e->array_type) read = 0;
