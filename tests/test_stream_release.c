@@ -13,35 +13,42 @@
 #include <stdint.h>
 #include <time.h>
 
+#include "fixture.h"
 #include "gate.h"
 #include "test_main.h"
 #include "test_util.h"
 
 #define POLL_TIMEOUT_MS 5000
 
-static uint32_t locks_of(spw_runtime_t *rt, spw_buf_t b) {
-  uint32_t n = 0xFFFFFFFFu;
-  ASSERT_OK(spw_buf_lock_count(rt, b, &n));
-  return n;
+/* Every test starts from the fixture (fixture.h) and a closed gate g, which must not have
+ * opened by itself by the end of the test. */
+static gate_t g;
+
+static void open_gate_fixture(void) {
+  gate_init(&g);
+  open_fixture();
 }
 
+static void close_gate_fixture(void) {
+  gate_open(&g); /* nothing may stay queued behind it */
+  close_fixture();
+  ASSERT_TRUE(!gate_timed_out(&g));
+}
+
+static uint32_t locks_of(spw_buf_t b) { return test_locks_of(rt, b); }
+
 /* Polls until `b` holds `want` locks; returns false after POLL_TIMEOUT_MS. */
-static bool await_locks(spw_runtime_t *rt, spw_buf_t b, uint32_t want) {
+static bool await_locks(spw_buf_t b, uint32_t want) {
   for (int waited = 0; waited < POLL_TIMEOUT_MS; waited++) {
-    if (locks_of(rt, b) == want) return true;
+    if (locks_of(b) == want) return true;
     test_sleep_ms(1);
   }
-  return locks_of(rt, b) == want;
+  return locks_of(b) == want;
 }
 
 static void release_async_does_not_block_and_releases_when_work_completes(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
   spw_buf_t b;
   void *d = NULL;
-  gate_t g;
-  gate_init(&g);
-  ASSERT_OK(spw_stream_create(rt, &s));
   ASSERT_OK(spw_alloc(rt, 4096, s, &b));
   ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
   ASSERT_OK(spw_launch_host_func(rt, s, gate_wait, &g));
@@ -49,74 +56,56 @@ static void release_async_does_not_block_and_releases_when_work_completes(void) 
   /* Returning before the gate opened by itself proves it did not wait for the stream. */
   ASSERT_TRUE(!gate_timed_out(&g));
   gate_await_entered(&g);
-  ASSERT_EQ(locks_of(rt, b), 1);
+  ASSERT_EQ(locks_of(b), 1);
   test_sleep_ms(100);
-  ASSERT_EQ(locks_of(rt, b), 1);
+  ASSERT_EQ(locks_of(b), 1);
   ASSERT_UEQ(stats_of(rt).locked_bytes, 4096);
   gate_open(&g);
-  ASSERT_TRUE(await_locks(rt, b, 0));
+  ASSERT_TRUE(await_locks(b, 0));
   ASSERT_TRUE(!gate_timed_out(&g));
   ASSERT_UEQ(stats_of(rt).locked_bytes, 0);
   ASSERT_STATUS(spw_release(rt, b, s), SPW_ERR_NOT_LOCKED);
   ASSERT_OK(spw_stream_synchronize(rt, s));
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  gate_fini(&g);
 }
 
 typedef struct sync_call {
-  spw_runtime_t *rt;
-  spw_stream_t s;
   int status;
   atomic_bool done;
 } sync_call_t;
 
 static void *sync_thread(void *arg) {
   sync_call_t *c = arg;
-  c->status = spw_stream_synchronize(c->rt, c->s);
+  c->status = spw_stream_synchronize(rt, s);
   atomic_store(&c->done, true);
   return NULL;
 }
 
 static void synchronize_waits_for_a_blocked_stream_then_releases(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
   spw_buf_t b;
   void *d = NULL;
-  gate_t g;
-  gate_init(&g);
-  ASSERT_OK(spw_stream_create(rt, &s));
   ASSERT_OK(spw_alloc(rt, 4096, s, &b));
   ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
   ASSERT_OK(spw_launch_host_func(rt, s, gate_wait, &g));
   gate_await_entered(&g);
-  sync_call_t c = {rt, s, 1, false};
+  sync_call_t c = {1, false};
   pthread_t t;
   ASSERT_EQ(pthread_create(&t, NULL, sync_thread, &c), 0);
   test_sleep_ms(200);
   ASSERT_TRUE(!atomic_load(&c.done));
-  ASSERT_EQ(locks_of(rt, b), 1);
+  ASSERT_EQ(locks_of(b), 1);
   gate_open(&g);
   for (int waited = 0; waited < POLL_TIMEOUT_MS && !atomic_load(&c.done); waited++) test_sleep_ms(1);
   ASSERT_TRUE(atomic_load(&c.done));
   ASSERT_EQ(pthread_join(t, NULL), 0);
   ASSERT_OK(c.status);
   ASSERT_TRUE(!gate_timed_out(&g));
-  ASSERT_EQ(locks_of(rt, b), 0);
+  ASSERT_EQ(locks_of(b), 0);
   ASSERT_UEQ(stats_of(rt).locked_bytes, 0);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  gate_fini(&g);
 }
 
 static void lock_taken_after_release_async_is_kept(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
   spw_buf_t a, b;
   void *d = NULL;
-  gate_t g;
-  gate_init(&g);
-  ASSERT_OK(spw_stream_create(rt, &s));
   ASSERT_OK(spw_alloc(rt, 4096, s, &a));
   ASSERT_OK(spw_alloc(rt, 8192, s, &b));
   ASSERT_OK(spw_acquire(rt, a, s, 0, &d));
@@ -126,49 +115,40 @@ static void lock_taken_after_release_async_is_kept(void) {
    * another buffer, on the same stream, after the call. */
   ASSERT_OK(spw_acquire(rt, a, s, 0, &d));
   ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
-  ASSERT_EQ(locks_of(rt, a), 2);
-  ASSERT_EQ(locks_of(rt, b), 1);
+  ASSERT_EQ(locks_of(a), 2);
+  ASSERT_EQ(locks_of(b), 1);
   gate_open(&g);
-  ASSERT_TRUE(await_locks(rt, a, 1));
+  ASSERT_TRUE(await_locks(a, 1));
   test_sleep_ms(100); /* a late second pass of the release would show now */
-  ASSERT_EQ(locks_of(rt, a), 1);
-  ASSERT_EQ(locks_of(rt, b), 1);
+  ASSERT_EQ(locks_of(a), 1);
+  ASSERT_EQ(locks_of(b), 1);
   ASSERT_UEQ(stats_of(rt).locked_bytes, 4096 + 8192);
   ASSERT_OK(spw_release(rt, a, s));
   ASSERT_OK(spw_release(rt, b, s));
   ASSERT_STATUS(spw_release(rt, a, s), SPW_ERR_NOT_LOCKED);
   ASSERT_OK(spw_stream_synchronize(rt, s));
   ASSERT_TRUE(!gate_timed_out(&g));
-  ASSERT_OK(spw_free(rt, a));
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  gate_fini(&g);
 }
 
 /* Locks handed to release_async are still the stream's until released: a synchronize that
  * begins before they are released must release them before it returns. */
 static void synchronize_after_release_async_leaves_no_lock(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
   spw_buf_t b;
   void *d = NULL;
-  ASSERT_OK(spw_stream_create(rt, &s));
   ASSERT_OK(spw_alloc(rt, 4096, s, &b));
   for (int round = 0; round < 20; round++) {
-    gate_t g;
-    gate_init(&g);
+    gate_t rg; /* a gate per round */
+    gate_init(&rg);
     ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
-    ASSERT_OK(spw_launch_host_func(rt, s, gate_wait, &g));
+    ASSERT_OK(spw_launch_host_func(rt, s, gate_wait, &rg));
     ASSERT_OK(spw_stream_release_async(rt, s));
-    gate_open(&g);
+    gate_open(&rg);
     ASSERT_OK(spw_stream_synchronize(rt, s));
-    ASSERT_EQ(locks_of(rt, b), 0);
+    ASSERT_EQ(locks_of(b), 0);
     ASSERT_UEQ(stats_of(rt).locked_bytes, 0);
-    ASSERT_TRUE(!gate_timed_out(&g));
-    gate_fini(&g);
+    ASSERT_TRUE(!gate_timed_out(&rg));
+    gate_fini(&rg);
   }
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 typedef struct writer {
@@ -184,20 +164,15 @@ static void write_pattern(void *arg) {
 }
 
 static void free_of_a_locked_buffer_keeps_memory_until_release(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
   enum { BYTES = 1 << 20 };
   spw_backend_kind_t kind;
-  spw_stream_t s;
   spw_buf_t b;
   void *d = NULL;
-  gate_t g;
-  gate_init(&g);
   uint8_t *in = malloc(BYTES), *out = malloc(BYTES);
   ASSERT_TRUE(in != NULL && out != NULL);
   test_fill(in, BYTES, 1);
   memset(out, 0, BYTES);
   ASSERT_OK(spw_runtime_backend(rt, &kind));
-  ASSERT_OK(spw_stream_create(rt, &s));
   const spw_stats_t before = stats_of(rt);
   ASSERT_OK(spw_alloc(rt, BYTES, s, &b));
   ASSERT_UEQ(stats_of(rt).device_bytes, before.device_bytes + BYTES);
@@ -234,18 +209,13 @@ static void free_of_a_locked_buffer_keeps_memory_until_release(void) {
   ASSERT_UEQ(after.device_bytes, before.device_bytes);
   ASSERT_UEQ(after.locked_bytes, 0);
   ASSERT_UEQ(after.buffers, before.buffers);
-  ASSERT_OK(spw_runtime_destroy(rt));
   free(in);
   free(out);
-  gate_fini(&g);
 }
 
 static void destroy_with_a_locked_buffer_is_busy(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
   spw_buf_t a, b;
   void *d = NULL;
-  ASSERT_OK(spw_stream_create(rt, &s));
   ASSERT_OK(spw_alloc(rt, 4096, s, &a));
   ASSERT_OK(spw_acquire(rt, a, s, 0, &d));
   ASSERT_STATUS(spw_runtime_destroy(rt), SPW_ERR_BUSY);
@@ -253,43 +223,37 @@ static void destroy_with_a_locked_buffer_is_busy(void) {
   size_t size = 0;
   ASSERT_OK(spw_buf_size(rt, a, &size));
   ASSERT_EQ(size, 4096);
-  ASSERT_EQ(locks_of(rt, a), 1);
+  ASSERT_EQ(locks_of(a), 1);
   ASSERT_OK(spw_alloc(rt, 1024, s, &b));
   ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
   ASSERT_OK(spw_release(rt, b, s));
   ASSERT_UEQ(stats_of(rt).buffers, 2);
   ASSERT_STATUS(spw_runtime_destroy(rt), SPW_ERR_BUSY);
   ASSERT_OK(spw_stream_synchronize(rt, s));
-  ASSERT_EQ(locks_of(rt, a), 0);
+  ASSERT_EQ(locks_of(a), 0);
   /* Unlocked buffers (and the created stream) are the runtime's to clean up. */
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
-/* Fills a 4 MiB budget with buffers locked on s behind a closed gate, then hands their locks
- * to release_async. */
-static spw_runtime_t *budget_locked_behind(gate_t *g, spw_stream_t *s, spw_buf_t b[4]) {
+/* A runtime with a 4 MiB budget, filled with buffers locked on s behind the closed gate,
+ * whose locks are then handed to release_async. */
+static void budget_locked_behind(spw_buf_t b[4]) {
   spw_config_t cfg = SPW_CONFIG_INIT;
   cfg.device_limit = 4 << 20;
-  spw_runtime_t *rt = test_runtime(&cfg);
+  reopen_fixture(&cfg);
   void *d;
-  ASSERT_OK(spw_stream_create(rt, s));
   for (int i = 0; i < 4; i++) {
-    ASSERT_OK(spw_alloc(rt, 1 << 20, *s, &b[i]));
-    ASSERT_OK(spw_acquire(rt, b[i], *s, 0, &d));
+    ASSERT_OK(spw_alloc(rt, 1 << 20, s, &b[i]));
+    ASSERT_OK(spw_acquire(rt, b[i], s, 0, &d));
   }
-  ASSERT_OK(spw_launch_host_func(rt, *s, gate_wait, g));
-  ASSERT_OK(spw_stream_release_async(rt, *s));
-  return rt;
+  ASSERT_OK(spw_launch_host_func(rt, s, gate_wait, &g));
+  ASSERT_OK(spw_stream_release_async(rt, s));
 }
 
 /* Everything on the device is locked, but by work already handed to release_async: an
  * allocation waits for those locks to go (then spills one of them) instead of failing. */
 static void alloc_waits_for_locks_that_release_async_will_release(void) {
-  gate_t g;
-  gate_init(&g);
-  spw_stream_t s;
   spw_buf_t b[4], extra;
-  spw_runtime_t *rt = budget_locked_behind(&g, &s, b);
+  budget_locked_behind(b);
   pthread_t t;
   gate_open_later(&g, 200, &t);
   ASSERT_OK(spw_alloc(rt, 1 << 20, NULL, &extra));
@@ -297,20 +261,13 @@ static void alloc_waits_for_locks_that_release_async_will_release(void) {
   ASSERT_TRUE(!gate_timed_out(&g));
   ASSERT_GE(stats_of(rt).spills, 1);
   ASSERT_OK(spw_stream_synchronize(rt, s));
-  ASSERT_OK(spw_free(rt, extra));
-  for (int i = 0; i < 4; i++) ASSERT_OK(spw_free(rt, b[i]));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  gate_fini(&g);
 }
 
 /* The wait is bounded: work that does not complete (here, a gate that stays shut) ends in
  * SPW_ERR_OUT_OF_MEMORY after about two seconds, not in a hang. */
 static void alloc_wait_for_pending_releases_is_bounded(void) {
-  gate_t g;
-  gate_init(&g);
-  spw_stream_t s;
   spw_buf_t b[4], extra;
-  spw_runtime_t *rt = budget_locked_behind(&g, &s, b);
+  budget_locked_behind(b);
   struct timespec t0, t1;
   clock_gettime(CLOCK_MONOTONIC, &t0);
   ASSERT_STATUS(spw_alloc(rt, 1 << 20, NULL, &extra), SPW_ERR_OUT_OF_MEMORY);
@@ -320,21 +277,13 @@ static void alloc_wait_for_pending_releases_is_bounded(void) {
   gate_open(&g);
   ASSERT_OK(spw_stream_synchronize(rt, s));
   ASSERT_TRUE(!gate_timed_out(&g));
-  for (int i = 0; i < 4; i++) ASSERT_OK(spw_free(rt, b[i]));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  gate_fini(&g);
 }
 
 /* spw_release_n_async releases only the listed locks, once the stream passes this point;
  * other locks on the same stream stay, and a later release_async does not see them. */
 static void release_n_async_releases_only_its_buffers_when_work_completes(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
   spw_buf_t b[3];
   void *d[3];
-  gate_t g;
-  gate_init(&g);
-  ASSERT_OK(spw_stream_create(rt, &s));
   for (int i = 0; i < 3; i++) ASSERT_OK(spw_alloc(rt, 4096, s, &b[i]));
   ASSERT_OK(spw_acquire(rt, b[0], s, 0, &d[0]));
   ASSERT_OK(spw_acquire(rt, b[1], s, 0, &d[1]));
@@ -346,28 +295,23 @@ static void release_n_async_releases_only_its_buffers_when_work_completes(void) 
   ASSERT_TRUE(!gate_timed_out(&g));
   gate_await_entered(&g);
   test_sleep_ms(50);
-  ASSERT_EQ(locks_of(rt, b[0]), 1);
-  ASSERT_EQ(locks_of(rt, b[1]), 2);
+  ASSERT_EQ(locks_of(b[0]), 1);
+  ASSERT_EQ(locks_of(b[1]), 2);
   /* The listed locks left the map: releasing them again by hand is refused. */
   ASSERT_STATUS(spw_release(rt, b[0], s), SPW_ERR_NOT_LOCKED);
   gate_open(&g);
-  ASSERT_TRUE(await_locks(rt, b[0], 0));
-  ASSERT_TRUE(await_locks(rt, b[1], 0));
-  ASSERT_EQ(locks_of(rt, b[2]), 1);
+  ASSERT_TRUE(await_locks(b[0], 0));
+  ASSERT_TRUE(await_locks(b[1], 0));
+  ASSERT_EQ(locks_of(b[2]), 1);
   ASSERT_OK(spw_release(rt, b[2], s));
   ASSERT_OK(spw_stream_synchronize(rt, s));
-  for (int i = 0; i < 3; i++) ASSERT_OK(spw_free(rt, b[i]));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  gate_fini(&g);
 }
 
 /* All or nothing: one buffer listed more often than it is locked changes nothing. */
 static void release_n_async_with_a_missing_lock_changes_nothing(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s, other;
+  spw_stream_t other;
   spw_buf_t a, b;
   void *d;
-  ASSERT_OK(spw_stream_create(rt, &s));
   ASSERT_OK(spw_stream_create(rt, &other));
   ASSERT_OK(spw_alloc(rt, 4096, s, &a));
   ASSERT_OK(spw_alloc(rt, 4096, s, &b));
@@ -379,30 +323,22 @@ static void release_n_async_with_a_missing_lock_changes_nothing(void) {
   ASSERT_STATUS(spw_release_n_async(rt, wrong_stream, 2, s), SPW_ERR_NOT_LOCKED);
   ASSERT_STATUS(spw_release_n_async(rt, NULL, 1, s), SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw_release_n_async(rt, &a, 0, s), SPW_ERR_INVALID_ARG);
-  ASSERT_EQ(locks_of(rt, a), 1);
+  ASSERT_EQ(locks_of(a), 1);
   /* Still in s's map: synchronize releases it. */
   ASSERT_OK(spw_stream_synchronize(rt, s));
-  ASSERT_EQ(locks_of(rt, a), 0);
+  ASSERT_EQ(locks_of(a), 0);
   ASSERT_OK(spw_stream_synchronize(rt, other));
-  ASSERT_OK(spw_free(rt, a));
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 /* A synchronize of the stream releases pending per-launch releases at once. */
 static void synchronize_runs_pending_release_n_async(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
   spw_buf_t b;
   void *d;
-  ASSERT_OK(spw_stream_create(rt, &s));
   ASSERT_OK(spw_alloc(rt, 4096, s, &b));
   ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
   ASSERT_OK(spw_release_n_async(rt, &b, 1, s));
   ASSERT_OK(spw_stream_synchronize(rt, s));
-  ASSERT_EQ(locks_of(rt, b), 0);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(locks_of(b), 0);
 }
 
 static const spw_test_t tests[] = {
@@ -418,4 +354,4 @@ static const spw_test_t tests[] = {
     TEST(release_n_async_with_a_missing_lock_changes_nothing),
     TEST(synchronize_runs_pending_release_n_async),
 };
-TEST_MAIN(tests)
+TEST_MAIN_FIXTURE(tests, open_gate_fixture, close_gate_fixture)

@@ -69,13 +69,18 @@ static inline uint64_t test_now_ms(void) {
   return (uint64_t)ts.tv_sec * 1000u + (uint64_t)ts.tv_nsec / 1000000u;
 }
 
-/* The runtime's statistics and a buffer's state; the call must succeed. */
+/* The runtime's statistics, a buffer's lock count and its state; the call must succeed. */
 static inline spw_stats_t stats_of(spw_runtime_t *rt) {
   spw_stats_t st;
   memset(&st, 0, sizeof st);
   st.struct_size = sizeof st;
   ASSERT_OK(spw_get_stats(rt, &st));
   return st;
+}
+static inline uint32_t test_locks_of(spw_runtime_t *rt, spw_buf_t b) {
+  uint32_t n = 0xFFFFFFFFu;
+  ASSERT_OK(spw_buf_lock_count(rt, b, &n));
+  return n;
 }
 static inline spw_state_t state_of(spw_runtime_t *rt, spw_buf_t b) {
   spw_state_t s = (spw_state_t)0;
