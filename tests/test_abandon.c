@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
+#include "fixture.h"
 #include "gate.h"
 #include "moves.h"
 #include "test_main.h"
@@ -16,19 +17,27 @@
 
 #define BYTES (256 * 1024)
 
-static void write_pattern(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, uint64_t seed) {
+static void write_pattern(spw_buf_t b, uint64_t seed) {
   static uint8_t src[BYTES];
   test_fill(src, BYTES, seed);
   test_write(rt, b, s, src, BYTES);
 }
 
-static size_t mismatch(spw_runtime_t *rt, spw_buf_t b, spw_stream_t s, uint64_t seed) {
+/* A new buffer of BYTES holding test_fill(seed), on the fixture's runtime (fixture.h). */
+static spw_buf_t written(uint64_t seed) {
+  spw_buf_t b;
+  ASSERT_OK(spw_alloc(rt, BYTES, s, &b));
+  write_pattern(b, seed);
+  return b;
+}
+
+static size_t mismatch(spw_buf_t b, uint64_t seed) {
   static uint8_t got[BYTES];
   test_read(rt, b, s, got, BYTES);
   return test_first_mismatch(got, BYTES, seed);
 }
 
-static spw_victim_t claim(spw_runtime_t *rt, spw_buf_t b) {
+static spw_victim_t claim(spw_buf_t b) {
   spw_slot_t *slot;
   uint64_t w;
   spw_victim_t v;
@@ -44,19 +53,14 @@ static spw_victim_t claim(spw_runtime_t *rt, spw_buf_t b) {
  * writable acquire takes it back and writes; the next spill must copy those writes, not
  * trust the stale clean copy. */
 static void writes_after_abandoning_a_clean_spill_survive(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
-  spw_buf_t b;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  ASSERT_OK(spw_alloc(rt, BYTES, s, &b));
-  write_pattern(rt, b, s, 1);
+  spw_buf_t b = written(1);
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_EQ(mismatch(rt, b, s, 1), (size_t)-1); /* read-only: keeps a clean host copy */
+  ASSERT_EQ(mismatch(b, 1), (size_t)-1); /* read-only: keeps a clean host copy */
 
-  spw_victim_t v = claim(rt, b);
+  spw_victim_t v = claim(b);
   ASSERT_TRUE(v.m.flags & SPW_W_CLEAN);
-  write_pattern(rt, b, s, 2); /* abandons the spill, then writes */
+  write_pattern(b, 2); /* abandons the spill, then writes */
   spw__spill_batch(rt, &v, 1, SPW_SPILL_EXPLICIT);
   ASSERT_EQ(v.status, SPW_ERR_BUSY); /* the abandoned spill committed nothing */
 
@@ -67,22 +71,15 @@ static void writes_after_abandoning_a_clean_spill_survive(void) {
   ASSERT_OK(spw_get_stats(rt, &after));
   ASSERT_UEQ(after.spill_bytes - before.spill_bytes, BYTES); /* the writes were copied */
   ASSERT_UEQ(after.clean_respills, before.clean_respills);
-  ASSERT_EQ(mismatch(rt, b, s, 2), (size_t)-1);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(mismatch(b, 2), (size_t)-1);
 }
 
 /* A dirty spill abandoned by a writable acquire: the device copy stays authoritative. */
 static void writes_after_abandoning_a_dirty_spill_survive(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
-  spw_buf_t b;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  ASSERT_OK(spw_alloc(rt, BYTES, s, &b));
-  write_pattern(rt, b, s, 3);
-  spw_victim_t v = claim(rt, b);
+  spw_buf_t b = written(3);
+  spw_victim_t v = claim(b);
   ASSERT_TRUE(!(v.m.flags & SPW_W_CLEAN));
-  write_pattern(rt, b, s, 4);
+  write_pattern(b, 4);
   spw__spill_batch(rt, &v, 1, SPW_SPILL_EXPLICIT);
   ASSERT_EQ(v.status, SPW_ERR_BUSY);
   spw_tier_t tier;
@@ -90,23 +87,16 @@ static void writes_after_abandoning_a_dirty_spill_survive(void) {
   ASSERT_EQ(tier, SPW_TIER_DEVICE);
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_EQ(mismatch(rt, b, s, 4), (size_t)-1);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(mismatch(b, 4), (size_t)-1);
 }
 
 /* Issue 7: a victim abandoned, unlocked and claimed again by a second spiller, who
  * committed it (device memory freed, pointer NULL) while the first spiller had still to
  * copy from it. The first claim now holds the buffer until its spiller lets go. */
 static void an_abandoned_victim_cannot_be_claimed_again_until_its_spiller_lets_go(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
-  spw_buf_t b;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  ASSERT_OK(spw_alloc(rt, BYTES, s, &b));
-  write_pattern(rt, b, s, 5);
-  spw_victim_t first = claim(rt, b);
-  ASSERT_EQ(mismatch(rt, b, s, 5), (size_t)-1); /* abandons, reads, releases */
+  spw_buf_t b = written(5);
+  spw_victim_t first = claim(b);
+  ASSERT_EQ(mismatch(b, 5), (size_t)-1); /* abandons, reads, releases */
   spw_slot_t *slot;
   uint64_t w;
   spw_victim_t second;
@@ -117,27 +107,20 @@ static void an_abandoned_victim_cannot_be_claimed_again_until_its_spiller_lets_g
   ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT);
   spw__spill_batch(rt, &first, 1, SPW_SPILL_EXPLICIT);
   ASSERT_EQ(first.status, SPW_ERR_BUSY);
-  second = claim(rt, b); /* let go: claimable again, and it spills */
+  second = claim(b); /* let go: claimable again, and it spills */
   spw__spill_batch(rt, &second, 1, SPW_SPILL_EXPLICIT);
   ASSERT_OK(second.status);
   ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
-  ASSERT_EQ(mismatch(rt, b, s, 5), (size_t)-1);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_EQ(mismatch(b, 5), (size_t)-1);
 }
 
 /* Issue 7: a victim abandoned, unlocked and freed had its device memory returned at once
  * and reused by a prefetch while the spiller still read it. The free now waits for the
  * spiller: the handle is dead at once, the memory goes when the spiller lets go. */
 static void free_of_an_abandoned_victim_waits_for_its_spiller(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
-  spw_buf_t b;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  ASSERT_OK(spw_alloc(rt, BYTES, s, &b));
-  write_pattern(rt, b, s, 6);
-  spw_victim_t v = claim(rt, b);
-  ASSERT_EQ(mismatch(rt, b, s, 6), (size_t)-1);
+  spw_buf_t b = written(6);
+  spw_victim_t v = claim(b);
+  ASSERT_EQ(mismatch(b, 6), (size_t)-1);
   ASSERT_OK(spw_free(rt, b));
   ASSERT_STATUS(spw_buf_size(rt, b, &(size_t){0}), SPW_ERR_FREED);
   spw_stats_t held = stats_of(rt);
@@ -147,7 +130,6 @@ static void free_of_an_abandoned_victim_waits_for_its_spiller(void) {
   spw_stats_t gone = stats_of(rt);
   ASSERT_UEQ(gone.device_bytes, 0);
   ASSERT_UEQ(gone.buffers, 0);
-  ASSERT_OK(spw_runtime_destroy(rt));
 }
 
 typedef struct spiller {
@@ -174,18 +156,13 @@ static void set_flag(void *arg) { atomic_store((atomic_int *)arg, 1); }
  * acquiring stream waits for that copy: with the download stream held behind a gate, work
  * enqueued after the acquire does not run until the gate opens. */
 static void work_after_an_abandon_waits_for_the_spill_copy(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  spw_stream_t s;
-  spw_buf_t b;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  ASSERT_OK(spw_alloc(rt, BYTES, s, &b));
-  write_pattern(rt, b, s, 7);
+  spw_buf_t b = written(7);
   gate_t g;
   gate_init(&g);
   atomic_int copies = 0, ran = 0;
   ASSERT_OK(rt->ops->launch_host_func(rt->be, spw__d2h(rt), gate_wait, &g));
   spw__faults_hook(rt->be, SPW_FAULT_COPY, count_copy, &copies);
-  spw_victim_t v = claim(rt, b);
+  spw_victim_t v = claim(b);
   spiller_t sp = {rt, &v};
   pthread_t t;
   ASSERT_EQ(pthread_create(&t, NULL, spill_main, &sp), 0);
@@ -204,9 +181,8 @@ static void work_after_an_abandon_waits_for_the_spill_copy(void) {
   ASSERT_EQ(pthread_join(t, NULL), 0);
   ASSERT_EQ(v.status, SPW_ERR_BUSY);
   ASSERT_TRUE(!gate_timed_out(&g));
-  ASSERT_EQ(mismatch(rt, b, s, 7), (size_t)-1);
+  ASSERT_EQ(mismatch(b, 7), (size_t)-1);
   ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
   gate_fini(&g);
 }
 
@@ -217,4 +193,4 @@ static const spw_test_t tests[] = {
     TEST(free_of_an_abandoned_victim_waits_for_its_spiller),
     TEST(work_after_an_abandon_waits_for_the_spill_copy),
 };
-TEST_MAIN(tests)
+TEST_MAIN_FIXTURE(tests, open_fixture, close_fixture)
