@@ -9,11 +9,13 @@
 #include <pthread.h>
 #include <stdatomic.h>
 
-#include "fixture.h"
 #include "gate.h"
 #include "moves.h"
 #include "test_main.h"
 #include "test_util.h"
+/* Last: its globals (rt, s) would shadow the parameters of the internal headers' inline
+ * functions. */
+#include "fixture.h"
 
 #define BYTES (256 * 1024)
 

@@ -7,7 +7,9 @@
  *
  * or calls open_fixture from a hook of its own that sets up more. close_fixture destroys the
  * runtime, which frees every buffer a test left and fails if one is still locked. A test
- * that needs another configuration calls reopen_fixture(&cfg) first. */
+ * that needs another configuration calls reopen_fixture(&cfg) first. Include it after every
+ * other header: its globals (rt, s, s2) would shadow the parameters of inline functions
+ * declared after it. */
 #ifndef SPILLWAY_TESTS_FIXTURE_H
 #define SPILLWAY_TESTS_FIXTURE_H
 
