@@ -10,10 +10,9 @@
 # SPW_PY_NUMBA=0 skips installing numba-cuda (its tests are then skipped too).
 set -euo pipefail
 cd "$(dirname "$0")/.."
-root="$PWD"
 venv=build-py/venv
 python3 -m venv "$venv"
-py="$venv/bin/python"
+py="$(cd "$venv" && pwd)/bin/python"
 "$py" -m pip install -q --disable-pip-version-check --upgrade pip
 deps=(numpy pytest hypothesis mypy)
 [ "${SPW_PY_NUMBA:-1}" = 0 ] || deps+=("numba-cuda>=0.30")
@@ -27,6 +26,6 @@ echo "== python: pip install . (builds the library and the extension)"
 echo "== python: the stub against the extension (stubtest), the package's types (mypy)"
 "$py" -m mypy.stubtest spillway._spillway --mypy-config-file bindings/python/mypy.ini \
   --allowlist bindings/python/stubtest-allowlist.txt
-(cd bindings/python && "$root/$py" -m mypy --config-file mypy.ini -p spillway)
+(cd bindings/python && "$py" -m mypy --config-file mypy.ini -p spillway)
 echo "== python: tests (host backend)"
 SPILLWAY_LOG_LEVEL=error "$py" -m pytest -q -p no:cacheprovider tests/python
