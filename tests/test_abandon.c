@@ -13,9 +13,7 @@
 #include "moves.h"
 #include "test_main.h"
 #include "test_util.h"
-/* Last: its globals (rt, s) would shadow the parameters of the internal headers' inline
- * functions. */
-#include "fixture.h"
+#include "fixture.h" /* last: see its header */
 
 #define BYTES (256 * 1024)
 

@@ -7,9 +7,9 @@
  * backends. */
 #include <stdint.h>
 
-#include "fixture.h"
 #include "test_main.h"
 #include "test_util.h"
+#include "fixture.h" /* last: see its header */
 
 static uint32_t locks_of(spw_buf_t b) { return test_locks_of(rt, b); }
 

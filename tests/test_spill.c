@@ -16,6 +16,7 @@
 
 #include "test_main.h"
 #include "test_util.h"
+#include "fixture.h" /* last: see its header */
 
 #define MIB ((size_t)1 << 20)
 
@@ -46,22 +47,6 @@ static size_t random_size(size_t max) {
   size_t hi = (size_t)1 << (rng_next() % (bits + 1));
   size_t n = hi + (size_t)(rng_next() % hi);
   return n > max ? max : n;
-}
-
-/* The fixture every test starts from (open_fixture / close_fixture): a runtime on the test's backend and
- * two streams. The runtime's destruction frees what a test left allocated. */
-static spw_runtime_t *rt;
-static spw_stream_t s, s2;
-
-static void open_fixture(void) {
-  rt = test_runtime(NULL);
-  ASSERT_OK(spw_stream_create(rt, &s));
-  ASSERT_OK(spw_stream_create(rt, &s2));
-}
-
-static void close_fixture(void) {
-  if (rt) ASSERT_OK(spw_runtime_destroy(rt));
-  rt = NULL;
 }
 
 /* Writes `n` bytes of `src` into the buffer (writable acquire) and releases it. */

@@ -13,10 +13,10 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "fixture.h"
 #include "gate.h"
 #include "test_main.h"
 #include "test_util.h"
+#include "fixture.h" /* last: see its header */
 
 #define POLL_TIMEOUT_MS 5000
 
