@@ -350,3 +350,14 @@ def test_no_call_raises_overflow_error_for_a_huge_int(rt):
                 pytest.fail(f"OverflowError for {v}")
             except (spillway.SpillwayError, ValueError, TypeError):
                 pass
+
+
+def test_one_locked_buffer_given_to_runtime_spill_is_a_locked_error_as_buffer_spill_says(rt):
+    b = rt.alloc(4096)
+    b.acquire()
+    with pytest.raises(spillway.LockedError):
+        rt.spill(b)
+    with pytest.raises(spillway.LockedError):
+        b.spill()
+    rt.spill([b])  # a batch skips what is locked
+    b.release()

@@ -149,14 +149,30 @@ class Runtime(_c.RuntimeBase):
 
     def spill(self, buffers: Union[Buffer, Iterable[Buffer]], tier: Tier = Tier.HOST) -> None:
         """Asks the engine to move unlocked buffers down to `tier`, as one batch. Returns at
-        once; wait_idle() waits for the moves. One buffer is a batch of one: every check
-        (type, runtime, freed) is the list form's."""
-        self.spill_n([buffers] if isinstance(buffers, Buffer) else list(buffers), tier)
+        once; wait_idle() waits for the moves. One buffer is `buffer.spill(tier)` (a locked
+        one is LockedError; a batch skips it), after the same check of its runtime."""
+        if isinstance(buffers, Buffer):
+            self._own(buffers).spill(tier)
+        else:
+            self.spill_n(list(buffers), tier)
 
     def prefetch(self, buffers: Union[Buffer, Iterable[Buffer]],
                  stream: StreamLike = None) -> None:
         """Starts bringing buffers back to the device, as one batch, without locking them."""
-        self.prefetch_n([buffers] if isinstance(buffers, Buffer) else list(buffers), stream)
+        if isinstance(buffers, Buffer):
+            self._own(buffers).prefetch(stream)
+        else:
+            self.prefetch_n(list(buffers), stream)
+
+    def _own(self, b: Buffer) -> Buffer:
+        """`b` if it is this runtime's; else the InvalidHandleError that the list forms
+        raise (C's spwpy_buffer_handle), so that both forms refuse it alike."""
+        if b.runtime is not self:
+            st = _c.SPW_ERR_INVALID_HANDLE
+            detail = "the buffer belongs to another runtime"
+            raise error_class(st)(f"{_c.err_name(st)}: {_c.strerror(st)} ({detail})", st,
+                                  detail)
+        return b
 
     def stats(self) -> Stats:
         return Stats(*self._stats())
