@@ -23,6 +23,10 @@ What the plugin does in each worker process (docs/python.md, "Dask"):
 * exposes Spillway's statistics: :func:`worker_stats` (``client.run(worker_stats)``,
   :func:`cluster_stats`) and the worker's Prometheus endpoint (``/metrics``,
   ``spillway_*`` metrics labelled with the worker's address);
+* makes release prompt: once Dask drops a key, the buffers of its value are freed at once
+  when nothing else refers to them; if they outlive it (a reference cycle, which only
+  Python's cyclic collector frees, and which an idle worker may not run for minutes), the
+  plugin runs that collector within a second (:class:`_Releases`);
 * on teardown removes the controller and destroys the runtime.
 
 Deferrable data travelling between workers (or to the client) is serialized through the host:
@@ -32,9 +36,11 @@ array anywhere else.
 from __future__ import annotations
 
 import copy
+import gc
 import logging
 import os
 import threading
+import time
 import weakref
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
@@ -108,8 +114,10 @@ class DaskPolicy(Controller):
         self._rank: Dict[Any, tuple] = {}       # key -> (0,) | (1, earliest priority)
 
     # -- fed by the plugin, on the worker's event loop ---------------------------------------
-    def key_in_memory(self, key: Any, value: Any) -> None:
-        found = _buffers_in(value)
+    def key_in_memory(self, key: Any, value: Any,
+                      found: Optional[List[Tuple[int, int]]] = None) -> None:
+        if found is None:
+            found = _buffers_in(value)
         with self._lock:
             self._drop(key)
             if found:
@@ -176,12 +184,121 @@ class DaskPolicy(Controller):
         return done + [k for k, _ in later]
 
 
+class _Releases:
+    """Makes the release of a key's buffers prompt (issue 17).
+
+    A DeferrableArray's buffer is freed when the array is: at once, by reference counting,
+    when Dask drops the last reference to a key's value, unless the value sits in a
+    reference cycle (an object that refers to itself, a stored exception's traceback, a
+    cache that refers back). Only Python's cyclic collector frees a cycle, and it runs a
+    full collection only after many new objects have survived, which an idle worker may not
+    see for minutes: the buffers, spilled to host or disk, stay counted against the worker.
+
+    So the plugin notes the handles of every key's value when the key enters memory, and
+    when the key leaves it, those no other key in memory names. About 0.25 s later, on the
+    event loop, it checks whether any of them is still alive (a handle query, no reference
+    to the buffer); if so, or if the worker holds no data and runs nothing while its
+    runtime still has buffers (values never seen entering memory: a cancelled task's
+    result), it runs one full collection, at most one a second (and at most 5% of the
+    loop's time). Buffers still alive after it are held by a live reference, which is not
+    the plugin's to free: they are counted (``released_held``) and logged, and not checked
+    again. Runs on the worker's event loop only, as ``transition`` does."""
+
+    DELAY_S = 0.25
+    MIN_GAP_S = 1.0
+
+    def __init__(self, worker: Any, rt: Runtime) -> None:
+        self._worker = weakref.ref(worker)
+        self._rt = rt
+        self._keys: Dict[Any, List[int]] = {}  # key in memory -> handles of its value
+        self._refs: Dict[int, int] = {}        # handle -> keys in memory naming it
+        self._released: set = set()            # handles of released keys, maybe alive
+        self._scheduled = False
+        self._idle_collected = False
+        self._next_gc = 0.0
+        self.collections = 0                   # full collections run for released keys
+        self.held = 0                          # released buffers a live reference kept
+        self.closed = False
+
+    def key_in_memory(self, key: Any, handles: List[int]) -> None:
+        self.key_released(key, schedule=False)
+        if handles:
+            self._keys[key] = handles
+            for h in handles:
+                self._refs[h] = self._refs.get(h, 0) + 1
+                self._released.discard(h)
+        self._idle_collected = False
+
+    def key_released(self, key: Any, schedule: bool = True) -> None:
+        for h in self._keys.pop(key, ()):
+            n = self._refs.pop(h, 1) - 1
+            if n > 0:
+                self._refs[h] = n
+            else:
+                self._released.add(h)
+        if schedule:
+            self._schedule(self.DELAY_S)
+
+    def _schedule(self, delay: float) -> None:
+        worker = self._worker()
+        if self._scheduled or self.closed or worker is None:
+            return
+        self._scheduled = True
+        worker.loop.call_later(delay, self._check)
+
+    def _alive(self, h: int) -> bool:
+        try:
+            self._rt._handle_info(h)
+            return True
+        except Exception:  # FreedError: gone (InvalidHandleError, or a closed runtime, too)
+            return False
+
+    def _idle(self, worker: Any) -> bool:
+        try:
+            return len(worker.data) == 0 and not worker.state.executing and \
+                not worker.state.long_running
+        except Exception:
+            return False
+
+    def _check(self) -> None:
+        self._scheduled = False
+        worker = self._worker()
+        if self.closed or worker is None or self._rt.closed:
+            return
+        self._released = {h for h in self._released if self._alive(h)}
+        idle = not self._idle_collected and self._idle(worker) and \
+            self._rt.stats().buffers > 0
+        if not self._released and not idle:
+            return
+        now = time.monotonic()
+        if now < self._next_gc:
+            self._schedule(self._next_gc - now)
+            return
+        t0 = time.perf_counter()
+        gc.collect()
+        took = time.perf_counter() - t0
+        self.collections += 1
+        self._next_gc = time.monotonic() + max(self.MIN_GAP_S, 20 * took)
+        self._idle_collected = self._idle_collected or idle
+        kept = [h for h in self._released if self._alive(h)]
+        self._released.clear()
+        if kept:
+            self.held += len(kept)
+            log.info("spillway: worker %s: %d buffers of released keys are still referenced "
+                     "after a garbage collection (%.3f s); not the plugin's to free",
+                     worker.address, len(kept), took)
+        else:
+            log.debug("spillway: worker %s: a garbage collection (%.3f s) freed the buffers "
+                      "of released keys", worker.address, took)
+
+
 class _WorkerState:
     def __init__(self, worker: Any, rt: Runtime, policy: Optional[DaskPolicy]) -> None:
         self.worker = weakref.ref(worker)
         self.address = worker.address
         self.runtime = rt
         self.policy = policy
+        self.releases = _Releases(worker, rt)
 
 
 _states: "weakref.WeakSet[_WorkerState]" = weakref.WeakSet()
@@ -263,21 +380,28 @@ class SpillwayPlugin(WorkerPlugin):
         with _states_lock:
             _states.add(state)
         _register_metrics()
-        log.info("spillway: worker %s: %r", worker.address, rt)
+        log.info("spillway: worker %s: %r", state.address, rt)
 
     def transition(self, key: Any, start: str, finish: str, **kwargs: Any) -> None:
         worker = self._worker() if self._worker is not None else None
         state = getattr(worker, _ATTR, None)
-        if state is None or state.policy is None:
+        if worker is None or state is None:
             return
         policy = state.policy
-        ts = worker.state.tasks.get(key)
         if finish == "memory":
             value = worker.data.get(key) if key in worker.data else None
-            policy.key_in_memory(key, value)
-            policy.rerank(worker, [key])
+            found = _buffers_in(value)
+            state.releases.key_in_memory(key, [h for h, _ in found])
+            if policy is not None:
+                policy.key_in_memory(key, value, found)
+                policy.rerank(worker, [key])
         elif start == "memory":
-            policy.key_released(key)
+            state.releases.key_released(key)
+            if policy is not None:
+                policy.key_released(key)
+        if policy is None:
+            return
+        ts = worker.state.tasks.get(key)
         # A task that ran or was dropped changes its dependencies' next use.
         if ts is not None and (start == "executing" or finish in _DONE):
             policy.rerank(worker, [d.key for d in ts.dependencies])
@@ -292,6 +416,7 @@ class SpillwayPlugin(WorkerPlugin):
         if state is None:
             return
         setattr(worker, _ATTR, None)
+        state.releases.closed = True
         with _states_lock:
             _states.discard(state)
         rt = state.runtime
@@ -326,12 +451,18 @@ def to_device(ary: Any, worker: Any = None) -> DeferrableArray:
 
 def worker_stats(dask_worker: Any = None) -> Dict[str, Any]:
     """This worker's Spillway statistics as a dict (``client.run(worker_stats)`` passes
-    `dask_worker`): every field of spillway.Stats, plus backend and limits."""
+    `dask_worker`): every field of spillway.Stats, plus backend and limits, and the
+    plugin's release check (:class:`_Releases`): ``release_collections`` (full garbage
+    collections it ran because buffers of released keys, or of an idle worker, were still
+    alive) and ``released_held`` (buffers of released keys that a live reference still held
+    after such a collection)."""
     st = _state(dask_worker)
     rt = st.runtime
     d = dict(rt.stats().__dict__)
     d["backend"] = rt.backend.name.lower()
     d["host_limit"], d["disk_limit"] = rt.host_limit, rt.disk_limit
+    d["release_collections"] = st.releases.collections
+    d["released_held"] = st.releases.held
     return d
 
 
@@ -406,7 +537,7 @@ def _register_metrics() -> None:
 def _serialize(a: DeferrableArray) -> Tuple[Dict[str, Any], List[Any]]:
     host = a.copy_to_host()
     header = {"shape": list(a.shape), "dtype": a.dtype.str, "order": a.order}
-    return header, [memoryview(np.ascontiguousarray(host).reshape(-1).view(np.uint8))]
+    return header, [np.ascontiguousarray(host).reshape(-1).view(np.uint8).data]
 
 
 @dask_deserialize.register(DeferrableArray)
