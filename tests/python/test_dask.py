@@ -206,26 +206,33 @@ class _Cyclic:
         a._readonly = self
 
 
+try:
+    from numba import cuda as _cuda
+    from spillway import numba as _sn
+except ImportError:  # no numba-cuda: the launch step takes only the read-only marker
+    _cuda = _sn = None
+
+
+def _double(src, dst):
+    """The kernel of the launch step (compiled with spillway.numba.jit on the CUDA backend)."""
+    i = _cuda.grid(1)
+    if i < dst.size:
+        dst[i] = src[i] * 2
+
+
 def _launch_read_only(a, out):
     """out = 2 * a through what a kernel launch does with read_only(a): on the CUDA backend a
     real kernel (spillway.numba.jit); on the host backend the launch extension's prepare_args
     as numba-cuda's launch calls it (the simulator cannot run the extension), then the work."""
     global _kernel
-    try:
-        from numba import cuda
-        from spillway import numba as sn
-    except ImportError:  # no numba-cuda: only the marker a launch takes
+    sn = _sn
+    if sn is None:
         a.read_only
         out.copy_from_host(a.copy_to_host() * 2)
         return
     if BACKEND == "cuda":
         if _kernel is None:
-            @sn.jit
-            def double(src, dst):
-                i = cuda.grid(1)
-                if i < dst.size:
-                    dst[i] = src[i] * 2
-            _kernel = double
+            _kernel = sn.jit(_double)
         _kernel[(a.size + 255) // 256, 256](sn.read_only(a), out)
         return
     retr = []
