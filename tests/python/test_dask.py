@@ -279,7 +279,7 @@ def test_released_keys_leave_no_buffer_on_any_worker_within_5s(tmp_path, how):
             assert all(float(g[-1]) == 2.0 * i for i, g in enumerate(got))
             del got
             before = cluster_stats(client)
-            assert sum(st["buffers"] for st in before.values()) == R_CHUNKS
+            assert sum(st["buffers"] for st in before.values()) == R_CHUNKS, before
             assert sum(st["disk_bytes"] for st in before.values()) > 0  # as on the GPU
             client.cancel(futures)
             del futures
