@@ -81,8 +81,14 @@ PyObject *spwpy_raise_detail(int status, const char *detail);
 PyObject *spwpy_raise_format(int status, const char *fmt, ...);
 /* Raises the error of a call on a closed runtime. Returns NULL. */
 PyObject *spwpy_raise_closed(void);
-/* _set_errors(base, {status: class}): the package registers its exception classes. */
+/* The module's functions (module.c lists them): _set_errors(base, {status: class}) (the
+ * package registers its exception classes), _set_finalizing() (atexit), err_name(status),
+ * strerror(status), stream_handle(stream). */
 PyObject *spwpy_set_errors(PyObject *self, PyObject *args);
+PyObject *spwpy_set_finalizing(PyObject *self, PyObject *noargs);
+PyObject *spwpy_err_name(PyObject *self, PyObject *arg);
+PyObject *spwpy_strerror(PyObject *self, PyObject *arg);
+PyObject *spwpy_stream_handle(PyObject *self, PyObject *arg);
 
 /* > 0 on a thread running a controller method (controller.c): there, calls that would wait
  * on a runtime raise WouldDeadlockError instead of waiting. */

@@ -3,6 +3,7 @@
  * exception table (filled by spillway/_errors.py at import) and raising, the checked
  * conversions of sizes, handles, tiers and streams, the adopt-and-retry call on a stream,
  * and heap-type creation. Nothing here knows a type file; the type files know this one. */
+#include <limits.h>
 #include <stdarg.h>
 #include <string.h>
 
@@ -124,6 +125,45 @@ PyObject *spwpy_set_errors(PyObject *self, PyObject *args) {
   base_error = base;
   Py_XDECREF(old);
   Py_RETURN_NONE;
+}
+
+/* ---- module functions ------------------------------------------------------------ */
+
+PyObject *spwpy_set_finalizing(PyObject *self, PyObject *noargs) {
+  spwpy_finalizing = 1;
+  Py_RETURN_NONE;
+}
+
+/* A status argument; a value no status can have gives SPW_ERR_INTERNAL's neighbour,
+ * an unknown code, which spw_err_name and spw_strerror name as unknown. */
+static int status_arg(PyObject *arg, int *out) {
+  if (PyBool_Check(arg) || !PyLong_Check(arg)) {
+    PyErr_Format(PyExc_TypeError, "a status must be an int, not %R", (PyObject *)Py_TYPE(arg));
+    return -1;
+  }
+  int overflow = 0;
+  long v = PyLong_AsLongAndOverflow(arg, &overflow);
+  if (v == -1 && PyErr_Occurred()) return -1;
+  *out = (overflow || v < INT_MIN || v > INT_MAX) ? INT_MIN : (int)v;
+  return 0;
+}
+
+PyObject *spwpy_err_name(PyObject *self, PyObject *arg) {
+  int st;
+  if (status_arg(arg, &st) < 0) return NULL;
+  return PyUnicode_FromString(spw_err_name(st));
+}
+
+PyObject *spwpy_strerror(PyObject *self, PyObject *arg) {
+  int st;
+  if (status_arg(arg, &st) < 0) return NULL;
+  return PyUnicode_FromString(spw_strerror(st));
+}
+
+PyObject *spwpy_stream_handle(PyObject *self, PyObject *arg) {
+  spw_stream_t s;
+  if (spwpy_stream_from(arg, &s) < 0) return NULL;
+  return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)s);
 }
 
 /* ---- checked conversions ------------------------------------------------------------- */

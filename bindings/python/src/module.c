@@ -3,54 +3,15 @@
  * functions, and what C knows that Python must not re-type: the status codes, the
  * enumerations of spillway.h as (name, value) pairs, and the version. The helpers all of
  * them share are in common.c. */
-#include <limits.h>
-
 #include "binding.h"
-
-static PyObject *set_finalizing(PyObject *self, PyObject *noargs) {
-  spwpy_finalizing = 1;
-  Py_RETURN_NONE;
-}
-
-/* A status argument; a value no status can have gives SPW_ERR_INTERNAL's neighbour,
- * an unknown code, which spw_err_name and spw_strerror name as unknown. */
-static int status_arg(PyObject *arg, int *out) {
-  if (PyBool_Check(arg) || !PyLong_Check(arg)) {
-    PyErr_Format(PyExc_TypeError, "a status must be an int, not %R", (PyObject *)Py_TYPE(arg));
-    return -1;
-  }
-  int overflow = 0;
-  long v = PyLong_AsLongAndOverflow(arg, &overflow);
-  if (v == -1 && PyErr_Occurred()) return -1;
-  *out = (overflow || v < INT_MIN || v > INT_MAX) ? INT_MIN : (int)v;
-  return 0;
-}
-
-static PyObject *err_name(PyObject *self, PyObject *arg) {
-  int st;
-  if (status_arg(arg, &st) < 0) return NULL;
-  return PyUnicode_FromString(spw_err_name(st));
-}
-
-static PyObject *strerror_(PyObject *self, PyObject *arg) {
-  int st;
-  if (status_arg(arg, &st) < 0) return NULL;
-  return PyUnicode_FromString(spw_strerror(st));
-}
-
-static PyObject *stream_handle(PyObject *self, PyObject *arg) {
-  spw_stream_t s;
-  if (spwpy_stream_from(arg, &s) < 0) return NULL;
-  return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)s);
-}
 
 static PyMethodDef module_methods[] = {
     {"_set_errors", spwpy_set_errors, METH_VARARGS, "Registers the exception class of each status."},
-    {"_set_finalizing", set_finalizing, METH_NOARGS,
+    {"_set_finalizing", spwpy_set_finalizing, METH_NOARGS,
      "Called at interpreter exit: deallocators stop waiting on Spillway from then on."},
-    {"err_name", err_name, METH_O, "Symbolic name of a status code (spw_err_name)."},
-    {"strerror", strerror_, METH_O, "Text of a status code (spw_strerror)."},
-    {"stream_handle", stream_handle, METH_O,
+    {"err_name", spwpy_err_name, METH_O, "Symbolic name of a status code (spw_err_name)."},
+    {"strerror", spwpy_strerror, METH_O, "Text of a status code (spw_strerror)."},
+    {"stream_handle", spwpy_stream_handle, METH_O,
      "The integer handle of a stream argument (None, int, or a stream object)."},
     {"parse_size", spwpy_parse_size, METH_O,
      "parse_size(value) -> int: bytes from None (0, unset), an int in [0, 2**64-1], or a "
