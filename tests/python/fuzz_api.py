@@ -371,6 +371,8 @@ class ApiMachine(RuleBasedStateMachine):
         for s in self.streams[1:]:
             s.synchronize()
         self.rt.synchronize()
+        if BACKEND == "cuda":  # the per-thread default stream, which rules may have named
+            self.rt.synchronize(2)
         self.rt.async_error()  # what background work said about earlier hostile calls
         pattern = np.arange(16 * KiB, dtype=np.uint32)
         a = spillway.DeferrableArray.from_host(self.rt, pattern)
