@@ -20,13 +20,32 @@ static const spw_backend_ops_t *ops = &spw__backend_host_ops;
 
 #define MiB ((size_t)1 << 20)
 
+/* The test's backend: made by make_backend, destroyed after the test (close_backend), which
+ * waits for whatever work the test left queued; or by the test itself (destroy_backend). */
+static spw_backend_t *fx_be;
+
 static spw_backend_t *make_backend(uint64_t capacity) {
   spw_backend_params_t p = {0};
   p.host_device_bytes = capacity;
-  spw_backend_t *b = NULL;
-  ASSERT_OK(ops->create(&p, &b));
-  ASSERT_TRUE(b != NULL);
-  return b;
+  ASSERT_OK(ops->create(&p, &fx_be));
+  ASSERT_TRUE(fx_be != NULL);
+  return fx_be;
+}
+
+static void destroy_backend(void) {
+  if (fx_be) ops->destroy(fx_be);
+  fx_be = NULL;
+}
+
+/* And a gate for the test to hold a stream with (closed at the start of every test). */
+static gate_t g;
+
+static void open_fixture(void) { gate_init(&g); }
+
+static void close_fixture(void) {
+  gate_open(&g); /* nothing the test left may wait behind it */
+  destroy_backend();
+  gate_fini(&g);
 }
 
 static spw_stream_t make_stream(spw_backend_t *b) {
@@ -67,7 +86,6 @@ static void test_default_stream_exists_and_runs_work(void) {
   ASSERT_OK(ops->launch_host_func(b, s, set_flag, &ran));
   ASSERT_OK(ops->stream_sync(b, s));
   ASSERT_EQ(atomic_load(&ran), 1);
-  ops->destroy(b);
 }
 
 static void test_default_capacity_is_one_gib(void) {
@@ -76,7 +94,6 @@ static void test_default_capacity_is_one_gib(void) {
   ASSERT_OK(ops->mem_info(b, &free_bytes, &total));
   ASSERT_UEQ(total, (uint64_t)1 << 30);
   ASSERT_UEQ(free_bytes, (uint64_t)1 << 30);
-  ops->destroy(b);
 }
 
 static void test_default_stream_cannot_be_destroyed(void) {
@@ -87,7 +104,6 @@ static void test_default_stream_cannot_be_destroyed(void) {
   ASSERT_OK(ops->launch_host_func(b, s, set_flag, &ran));
   ASSERT_OK(ops->stream_sync(b, s));
   ASSERT_EQ(atomic_load(&ran), 1);
-  ops->destroy(b);
 }
 
 /* ---- stream order and synchronize ------------------------------------------------------- */
@@ -123,12 +139,17 @@ static void test_ops_on_one_stream_run_in_fifo_order(void) {
   ASSERT_EQ(log.n, FIFO_OPS);
   for (int i = 0; i < FIFO_OPS; i++) ASSERT_EQ(log.order[i], i);
   ASSERT_OK(ops->stream_destroy(b, s));
-  ops->destroy(b);
 }
 
+/* Host funcs that take a while: one sets a flag after 200 ms, one counts after 10 ms. */
 static void slow_set_flag(void *arg) {
   test_sleep_ms(200);
   atomic_store((atomic_int *)arg, 1);
+}
+
+static void slow_count(void *arg) {
+  test_sleep_ms(10);
+  atomic_fetch_add((atomic_int *)arg, 1);
 }
 
 static void test_stream_sync_waits_for_slow_host_func(void) {
@@ -139,7 +160,6 @@ static void test_stream_sync_waits_for_slow_host_func(void) {
   ASSERT_OK(ops->stream_sync(b, s));
   ASSERT_EQ(atomic_load(&done), 1);
   ASSERT_OK(ops->stream_destroy(b, s));
-  ops->destroy(b);
 }
 
 /* ---- events ------------------------------------------------------------------------------ */
@@ -148,8 +168,6 @@ static void test_event_not_ready_while_host_func_blocks_stream(void) {
   spw_backend_t *b = make_backend(0);
   spw_stream_t s = make_stream(b);
   spw_bevent_t *e = make_event(b);
-  gate_t g;
-  gate_init(&g);
   ASSERT_OK(ops->launch_host_func(b, s, gate_wait, &g));
   ASSERT_OK(ops->event_record(b, e, s));
   for (int i = 0; i < 20; i++) {
@@ -161,25 +179,24 @@ static void test_event_not_ready_while_host_func_blocks_stream(void) {
   ASSERT_OK(ops->event_query(b, e));
   ops->event_destroy(b, e);
   ASSERT_OK(ops->stream_destroy(b, s));
-  gate_fini(&g);
-  ops->destroy(b);
+}
+
+/* The event has completed (query and sync agree); then destroys it. */
+static void expect_complete_and_destroy(spw_backend_t *b, spw_bevent_t *e) {
+  ASSERT_OK(ops->event_query(b, e));
+  ASSERT_OK(ops->event_sync(b, e));
+  ops->event_destroy(b, e);
 }
 
 static void test_unrecorded_event_is_complete(void) {
   spw_backend_t *b = make_backend(0);
-  spw_bevent_t *e = make_event(b);
-  ASSERT_OK(ops->event_query(b, e));
-  ASSERT_OK(ops->event_sync(b, e));
-  ops->event_destroy(b, e);
-  ops->destroy(b);
+  expect_complete_and_destroy(b, make_event(b));
 }
 
 static void test_event_rerecord_overwrites_previous_record(void) {
   spw_backend_t *b = make_backend(0);
   spw_stream_t blocked = make_stream(b), idle = make_stream(b);
   spw_bevent_t *e = make_event(b);
-  gate_t g;
-  gate_init(&g);
   ASSERT_OK(ops->launch_host_func(b, blocked, gate_wait, &g));
   ASSERT_OK(ops->event_record(b, e, blocked));
   ASSERT_STATUS(ops->event_query(b, e), SPW_ERR_NOT_READY);
@@ -190,8 +207,6 @@ static void test_event_rerecord_overwrites_previous_record(void) {
   ops->event_destroy(b, e);
   ASSERT_OK(ops->stream_destroy(b, blocked));
   ASSERT_OK(ops->stream_destroy(b, idle));
-  gate_fini(&g);
-  ops->destroy(b);
 }
 
 static void test_event_outlives_its_stream(void) {
@@ -203,10 +218,7 @@ static void test_event_outlives_its_stream(void) {
   ASSERT_OK(ops->event_record(b, e, s));
   ASSERT_OK(ops->stream_destroy(b, s));
   ASSERT_EQ(atomic_load(&done), 1);
-  ASSERT_OK(ops->event_query(b, e));
-  ASSERT_OK(ops->event_sync(b, e));
-  ops->event_destroy(b, e);
-  ops->destroy(b);
+  expect_complete_and_destroy(b, e);
 }
 
 /* ---- stream_wait_event ------------------------------------------------------------------- */
@@ -215,8 +227,6 @@ static void test_wait_event_makes_stream_wait_for_earlier_work(void) {
   spw_backend_t *b = make_backend(0);
   spw_stream_t a = make_stream(b), bs = make_stream(b);
   spw_bevent_t *e = make_event(b);
-  gate_t g;
-  gate_init(&g);
   atomic_int b_ran = 0;
   ASSERT_OK(ops->launch_host_func(b, a, gate_wait, &g));
   ASSERT_OK(ops->event_record(b, e, a));
@@ -230,63 +240,53 @@ static void test_wait_event_makes_stream_wait_for_earlier_work(void) {
   ops->event_destroy(b, e);
   ASSERT_OK(ops->stream_destroy(b, a));
   ASSERT_OK(ops->stream_destroy(b, bs));
-  gate_fini(&g);
-  ops->destroy(b);
 }
 
 static void test_wait_event_does_not_wait_for_later_work(void) {
   spw_backend_t *b = make_backend(0);
   spw_stream_t a = make_stream(b), bs = make_stream(b);
   spw_bevent_t *e = make_event(b);
-  gate_t early, late;
-  gate_init(&early);
+  gate_t late; /* and the fixture's g, the early one */
   gate_init(&late);
   atomic_int b_ran = 0;
-  ASSERT_OK(ops->launch_host_func(b, a, gate_wait, &early));
+  ASSERT_OK(ops->launch_host_func(b, a, gate_wait, &g));
   ASSERT_OK(ops->event_record(b, e, a));
   ASSERT_OK(ops->launch_host_func(b, a, gate_wait, &late));
   ASSERT_OK(ops->stream_wait_event(b, bs, e));
   ASSERT_OK(ops->launch_host_func(b, bs, set_flag, &b_ran));
-  gate_open(&early);
+  gate_open(&g);
   ASSERT_TRUE(stream_done_within(b, bs, 10000));
   ASSERT_EQ(atomic_load(&b_ran), 1);
   gate_open(&late);
+  ASSERT_OK(ops->stream_sync(b, a)); /* out of gate_wait before the gate goes */
   ops->event_destroy(b, e);
-  ASSERT_OK(ops->stream_destroy(b, a));
-  ASSERT_OK(ops->stream_destroy(b, bs));
-  gate_fini(&early);
   gate_fini(&late);
-  ops->destroy(b);
 }
 
 static void test_wait_event_uses_the_record_in_force_at_the_call(void) {
   spw_backend_t *b = make_backend(0);
   spw_stream_t a = make_stream(b), bs = make_stream(b);
   spw_bevent_t *e = make_event(b);
-  gate_t early, late, hold_b;
+  gate_t early, late; /* and the fixture's g, which holds bs */
   gate_init(&early);
   gate_init(&late);
-  gate_init(&hold_b);
   /* bs reaches its wait only after the re-record, so a wait that read the event when it
    * runs, rather than when it was enqueued, would wait for `late`. */
-  ASSERT_OK(ops->launch_host_func(b, bs, gate_wait, &hold_b));
+  ASSERT_OK(ops->launch_host_func(b, bs, gate_wait, &g));
   ASSERT_OK(ops->launch_host_func(b, a, gate_wait, &early));
   ASSERT_OK(ops->event_record(b, e, a));
   ASSERT_OK(ops->stream_wait_event(b, bs, e));
   ASSERT_OK(ops->launch_host_func(b, a, gate_wait, &late));
   ASSERT_OK(ops->event_record(b, e, a)); /* now covers `late` */
-  gate_open(&hold_b);
+  gate_open(&g);
   gate_open(&early);
   ASSERT_TRUE(stream_done_within(b, bs, 10000));
   ASSERT_STATUS(ops->event_query(b, e), SPW_ERR_NOT_READY);
   gate_open(&late);
   ops->event_destroy(b, e);
-  ASSERT_OK(ops->stream_destroy(b, a));
-  ASSERT_OK(ops->stream_destroy(b, bs));
+  ASSERT_OK(ops->stream_sync(b, a)); /* out of both gates before they go */
   gate_fini(&early);
   gate_fini(&late);
-  gate_fini(&hold_b);
-  ops->destroy(b);
 }
 
 /* ---- copies ------------------------------------------------------------------------------- */
@@ -328,7 +328,6 @@ static void test_memcpy_async_copies_in_order_with_other_ops(void) {
   ASSERT_OK(ops->stream_destroy(b, s));
   free(src);
   free(dst);
-  ops->destroy(b);
 }
 
 #define BATCH_N 9
@@ -337,8 +336,6 @@ static void test_copy_batch_async_copies_in_order_with_other_ops(void) {
   static const size_t sizes[BATCH_N] = {1, 255, 256, 257, 4096, 65536, MiB, MiB + 3, 0};
   spw_backend_t *b = make_backend(0);
   spw_stream_t s = make_stream(b);
-  gate_t g;
-  gate_init(&g);
   uint8_t *host[BATCH_N], *back[BATCH_N];
   void *dev[BATCH_N];
   fill_job_t fills[BATCH_N], clobbers[BATCH_N];
@@ -372,8 +369,6 @@ static void test_copy_batch_async_copies_in_order_with_other_ops(void) {
     free(back[i]);
   }
   ASSERT_OK(ops->stream_destroy(b, s));
-  gate_fini(&g);
-  ops->destroy(b);
 }
 
 static void test_copy_batch_async_rejects_bad_direction(void) {
@@ -382,7 +377,6 @@ static void test_copy_batch_async_rejects_bad_direction(void) {
   spw_copy_desc_t d = {&x, &y, 1};
   ASSERT_STATUS(ops->copy_batch_async(b, &d, 1, (spw_copy_dir_t)7, ops->default_stream(b)),
                 SPW_ERR_INVALID_ARG);
-  ops->destroy(b);
 }
 
 /* ---- memory and capacity ------------------------------------------------------------------ */
@@ -398,7 +392,6 @@ static void test_alloc_is_256_byte_aligned(void) {
     memset(p, 0xAB, sizes[i]); /* the whole size is usable */
     ASSERT_OK(ops->free_async(b, p, s));
   }
-  ops->destroy(b);
 }
 
 static void test_alloc_beyond_capacity_is_out_of_memory(void) {
@@ -417,7 +410,6 @@ static void test_alloc_beyond_capacity_is_out_of_memory(void) {
   ASSERT_UEQ(total, cap);
   ASSERT_OK(ops->free_async(b, p1, s));
   ASSERT_OK(ops->free_async(b, p2, s));
-  ops->destroy(b);
 }
 
 typedef struct sink_log {
@@ -438,21 +430,18 @@ static void test_out_of_memory_reaches_the_error_sink(void) {
   p.host_device_bytes = MiB;
   p.on_error = sink;
   p.err_ctx = &log;
-  spw_backend_t *b = NULL;
-  ASSERT_OK(ops->create(&p, &b));
+  ASSERT_OK(ops->create(&p, &fx_be));
+  spw_backend_t *b = fx_be;
   void *x = NULL;
   ASSERT_STATUS(ops->alloc_async(b, 2 * MiB, ops->default_stream(b), &x), SPW_ERR_OUT_OF_MEMORY);
   ASSERT_EQ(log.calls, 1);
   ASSERT_EQ(strcmp(log.name, "cudaErrorMemoryAllocation"), 0);
-  ops->destroy(b);
 }
 
 static void test_capacity_returns_when_free_async_executes(void) {
   const size_t cap = 4 * MiB;
   spw_backend_t *b = make_backend(cap);
   spw_stream_t s = make_stream(b);
-  gate_t g;
-  gate_init(&g);
   void *p1 = NULL, *p2 = NULL;
   ASSERT_OK(ops->alloc_async(b, cap, s, &p1));
   ASSERT_OK(ops->launch_host_func(b, s, gate_wait, &g));
@@ -468,14 +457,11 @@ static void test_capacity_returns_when_free_async_executes(void) {
   ASSERT_OK(ops->alloc_async(b, cap, s, &p2));
   ASSERT_OK(ops->free_async(b, p2, s));
   ASSERT_OK(ops->stream_destroy(b, s));
-  gate_fini(&g);
-  ops->destroy(b);
 }
 
 static void test_free_async_of_null_is_ok(void) {
   spw_backend_t *b = make_backend(0);
   ASSERT_OK(ops->free_async(b, NULL, ops->default_stream(b)));
-  ops->destroy(b);
 }
 
 static void test_alloc_of_zero_bytes_is_invalid_arg(void) {
@@ -483,7 +469,6 @@ static void test_alloc_of_zero_bytes_is_invalid_arg(void) {
   void *p = NULL;
   ASSERT_STATUS(ops->alloc_async(b, 0, ops->default_stream(b), &p), SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(ops->alloc_async(b, 16, ops->default_stream(b), NULL), SPW_ERR_INVALID_ARG);
-  ops->destroy(b);
 }
 
 static void test_host_register_validates_arguments(void) {
@@ -495,15 +480,9 @@ static void test_host_register_validates_arguments(void) {
   ASSERT_OK(ops->host_register(b, page, sizeof page));
   ASSERT_OK(ops->host_unregister(b, page));
   ASSERT_OK(ops->trim(b));
-  ops->destroy(b);
 }
 
 /* ---- destroy ------------------------------------------------------------------------------ */
-
-static void slow_count(void *arg) {
-  test_sleep_ms(10);
-  atomic_fetch_add((atomic_int *)arg, 1);
-}
 
 static void test_destroy_with_work_queued_waits_for_it(void) {
   spw_backend_t *b = make_backend(0);
@@ -515,7 +494,7 @@ static void test_destroy_with_work_queued_waits_for_it(void) {
   ASSERT_OK(ops->free_async(b, p, s));
   for (int i = 0; i < 5; i++)
     ASSERT_OK(ops->launch_host_func(b, ops->default_stream(b), slow_count, &count));
-  ops->destroy(b);
+  destroy_backend();
   ASSERT_EQ(atomic_load(&count), 15);
 }
 
@@ -526,7 +505,6 @@ static void test_stream_destroy_with_work_queued_waits_for_it(void) {
   for (int i = 0; i < 10; i++) ASSERT_OK(ops->launch_host_func(b, s, slow_count, &count));
   ASSERT_OK(ops->stream_destroy(b, s));
   ASSERT_EQ(atomic_load(&count), 10);
-  ops->destroy(b);
 }
 
 /* ---- many threads, many streams ------------------------------------------------------------ */
@@ -631,7 +609,7 @@ static void test_eight_threads_enqueue_on_four_streams(void) {
 
   ops->event_destroy(sh.b, sh.shared_event);
   for (int s = 0; s < MT_STREAMS; s++) ASSERT_OK(ops->stream_destroy(sh.b, sh.streams[s]));
-  ops->destroy(sh.b);
+  destroy_backend();
 }
 
 /* ---- runner ------------------------------------------------------------------------------- */
@@ -663,4 +641,4 @@ static const spw_test_t tests[] = {
     TEST(test_stream_destroy_with_work_queued_waits_for_it),
     TEST(test_eight_threads_enqueue_on_four_streams),
 };
-TEST_MAIN(tests)
+TEST_MAIN_FIXTURE(tests, open_fixture, close_fixture)
