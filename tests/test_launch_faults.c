@@ -41,12 +41,22 @@ static int add(spw_runtime_t *rt, const test_kernels_t *k, spw_stream_t s, spw_b
                            0, s, 0);
 }
 
-static void refused_launch_locks_nothing_and_runs_nothing(void) {
+/* A runtime with its kernels, a stream, and two buffers: dst of 1s and src of 2s. */
+static spw_runtime_t *open_with_two_buffers(test_kernels_t *k, spw_stream_t *s, spw_buf_t *dst,
+                                            spw_buf_t *src) {
   spw_runtime_t *rt = test_runtime(NULL);
-  test_kernels_t k = test_kernels_of(rt, 0);
+  *k = test_kernels_of(rt, 0);
+  ASSERT_OK(spw_stream_create(rt, s));
+  *dst = alloc_value(rt, *s, 1);
+  *src = alloc_value(rt, *s, 2);
+  return rt;
+}
+
+static void refused_launch_locks_nothing_and_runs_nothing(void) {
+  test_kernels_t k;
   spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t dst = alloc_value(rt, s, 1), src = alloc_value(rt, s, 2);
+  spw_buf_t dst, src;
+  spw_runtime_t *rt = open_with_two_buffers(&k, &s, &dst, &src);
   spw__inject_fault(rt, SPW_FAULT_LAUNCH, 1);
   ASSERT_STATUS(add(rt, &k, s, dst, src), SPW_ERR_CUDA);
   ASSERT_TRUE(strstr(spw_last_error(rt), "kernel launch: injected") != NULL);
@@ -72,11 +82,10 @@ static int never_fn(void *user, void *const *dptrs, spw_stream_t stream) {
 }
 
 static void failed_copy_back_of_an_argument_is_named(void) {
-  spw_runtime_t *rt = test_runtime(NULL);
-  test_kernels_t k = test_kernels_of(rt, 0);
+  test_kernels_t k;
   spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t dst = alloc_value(rt, s, 1), src = alloc_value(rt, s, 2);
+  spw_buf_t dst, src;
+  spw_runtime_t *rt = open_with_two_buffers(&k, &s, &dst, &src);
   ASSERT_OK(spw_spill(rt, src, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
   ASSERT_EQ(state_of(rt, src), SPW_STATE_HOST);
