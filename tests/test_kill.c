@@ -74,21 +74,17 @@ static mode_t mode_arg(int flags, va_list ap) {
   return (flags & O_CREAT) || (flags & O_TMPFILE) == O_TMPFILE ? (mode_t)va_arg(ap, int) : 0;
 }
 
-int __wrap_open(const char *path, int flags, ...) {
-  va_list ap;
-  va_start(ap, flags);
-  mode_t mode = mode_arg(flags, ap);
-  va_end(ap);
-  return seam(__real_open, path, flags, mode);
-}
-
-int __wrap_open64(const char *path, int flags, ...) {
-  va_list ap;
-  va_start(ap, flags);
-  mode_t mode = mode_arg(flags, ap);
-  va_end(ap);
-  return seam(__real_open64, path, flags, mode);
-}
+/* __wrap_open and __wrap_open64: the same seam in front of each. */
+#define WRAP_OPEN(name)                                                                      \
+  int __wrap_##name(const char *path, int flags, ...) {                                      \
+    va_list ap;                                                                              \
+    va_start(ap, flags);                                                                     \
+    mode_t mode = mode_arg(flags, ap);                                                       \
+    va_end(ap);                                                                              \
+    return seam(__real_##name, path, flags, mode);                                           \
+  }
+WRAP_OPEN(open)
+WRAP_OPEN(open64)
 
 /* ---- helpers ---------------------------------------------------------------------------- */
 
@@ -364,18 +360,24 @@ static void sigkill_without_o_tmpfile_while_writing_leaves_no_spill_file(void) {
  * has to. This case stops a child exactly in that window and kills it, ages what it left
  * by an hour (a live runtime's name lives for microseconds), then lets a second child run
  * until its disk tier holds data and kills it too: the directory must then be empty. */
-static void a_name_left_between_create_and_unlink_is_swept_by_the_next_runtime(void) {
-  char dir[PATH_MAX];
-  make_dir(dir, sizeof dir);
+/* Spawns a child without O_TMPFILE (stopping in the create-unlink window if `in_window`),
+ * waits until it says `expect`, and kills it. */
+static void kill_when_child_says(const char *dir, int in_window, char expect) {
   int rd, status = 0;
-  pid_t pid = spawn(dir, &rd, 1, 1);
+  pid_t pid = spawn(dir, &rd, 1, in_window);
   char c = next_byte(rd, pid, &status);
   if (c == 0) skip_if_child_skipped(status, dir);
-  ASSERT_EQ(c, 'W');
+  ASSERT_EQ(c, expect);
   ASSERT_EQ(kill(pid, SIGKILL), 0);
   ASSERT_EQ(waitpid(pid, &status, 0), pid);
   live_child = 0;
   close(rd);
+}
+
+static void a_name_left_between_create_and_unlink_is_swept_by_the_next_runtime(void) {
+  char dir[PATH_MAX];
+  make_dir(dir, sizeof dir);
+  kill_when_child_says(dir, 1, 'W');
   printf("  killed between create and unlink: %d entries left\n", test_dir_entries(dir));
   DIR *d = opendir(dir);
   ASSERT_TRUE(d != NULL);
@@ -389,14 +391,7 @@ static void a_name_left_between_create_and_unlink_is_swept_by_the_next_runtime(v
   }
   closedir(d);
 
-  pid = spawn(dir, &rd, 1, 0);
-  c = next_byte(rd, pid, &status);
-  if (c == 0) skip_if_child_skipped(status, dir);
-  ASSERT_EQ(c, 'N');
-  ASSERT_EQ(kill(pid, SIGKILL), 0);
-  ASSERT_EQ(waitpid(pid, &status, 0), pid);
-  live_child = 0;
-  close(rd);
+  kill_when_child_says(dir, 0, 'N');
   int left = test_dir_entries(dir);
   ASSERT_EQ(left, 0); /* on failure, the abort handler removes dir */
   ASSERT_EQ(rmdir(dir), 0);
