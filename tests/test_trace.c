@@ -172,11 +172,32 @@ static uint64_t counter_max(const trace_t *t, const char *name) {
   return best;
 }
 
+/* The fixture: a directory of the test's own (dir), made before every test and removed
+ * after it with what is in it, and the text of the trace the test loaded, freed then. */
 static char dir[256];
+static char *loaded_text;
 
 static void make_dir(void) { test_tmpdir(dir, sizeof dir, "trace"); }
 
-static void remove_dir(void) { test_tmpdir_remove(dir); }
+static void remove_dir(void) {
+  free(loaded_text);
+  loaded_text = NULL;
+  test_tmpdir_remove(dir);
+}
+
+/* `name` in the test's directory (the buffer is the caller's). */
+static char *in_dir(char out[300], const char *name) {
+  snprintf(out, 300, "%s/%s", dir, name);
+  return out;
+}
+
+/* The trace at `path`, which must be valid JSON of trace events. */
+static trace_t load_valid(const char *path) {
+  trace_t t = load(path);
+  loaded_text = t.text;
+  check_valid(&t);
+  return t;
+}
 
 static spw_runtime_t *traced_runtime(const char *path, uint64_t cap) {
   spw_config_t cfg = SPW_CONFIG_INIT;
@@ -194,9 +215,8 @@ static spw_runtime_t *traced_runtime(const char *path, uint64_t cap) {
 }
 
 static void every_kind_of_move_is_an_event_in_valid_json(void) {
-  make_dir();
   char path[300];
-  snprintf(path, sizeof path, "%s/t.json", dir);
+  in_dir(path, "t.json");
   spw_runtime_t *rt = traced_runtime(path, 0);
   spw_stream_t s;
   ASSERT_OK(spw_stream_create(rt, &s));
@@ -249,31 +269,25 @@ static void every_kind_of_move_is_an_event_in_valid_json(void) {
   ASSERT_EQ(count(&t, "trace end", "\"dropped_full_buffer\":0,\"dropped_size_cap\":0"), 1);
   free(t.text);
   free(src);
-  remove_dir();
 }
 
 static void a_batch_is_one_slice(void) {
-  make_dir();
   char path[300];
-  snprintf(path, sizeof path, "%s/t.json", dir);
+  in_dir(path, "t.json");
   spw_runtime_t *rt = traced_runtime(path, 0);
   spw_buf_t b[16];
   for (int i = 0; i < 16; i++) ASSERT_OK(spw_alloc(rt, 64 << 10, NULL, &b[i]));
   ASSERT_OK(spw_spill_n(rt, b, 16, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
   ASSERT_OK(spw_runtime_destroy(rt));
-  trace_t t = load(path);
-  check_valid(&t);
+  trace_t t = load_valid(path);
   ASSERT_EQ(count(&t, "spill", NULL), 1);
   ASSERT_EQ(count(&t, "spill", "\"bytes\":1048576,\"buffers\":16,"), 1);
-  free(t.text);
-  remove_dir();
 }
 
 static void the_size_cap_holds_and_drops_are_counted(void) {
-  make_dir();
   char path[300];
-  snprintf(path, sizeof path, "%s/t.json", dir);
+  in_dir(path, "t.json");
   const uint64_t cap = 4096;
   spw_runtime_t *rt = traced_runtime(path, cap);
   spw_stream_t s;
@@ -291,31 +305,23 @@ static void the_size_cap_holds_and_drops_are_counted(void) {
   struct stat sb;
   ASSERT_EQ(stat(path, &sb), 0);
   ASSERT_LE((uint64_t)sb.st_size, cap);
-  trace_t t = load(path);
-  check_valid(&t);
+  trace_t t = load_valid(path);
   ASSERT_EQ(count(&t, "trace end", "\"dropped_size_cap\":0,"), 0);
   ASSERT_EQ(count(&t, "trace end", "\"max_bytes\":4096"), 1);
-  free(t.text);
-  remove_dir();
 }
 
 static void percent_p_in_the_path_is_the_process_id(void) {
-  make_dir();
   char path[300], want[300];
   snprintf(path, sizeof path, "%s/t-%%p.json", dir);
   snprintf(want, sizeof want, "%s/t-%ld.json", dir, (long)getpid());
   spw_runtime_t *rt = traced_runtime(path, 0);
   ASSERT_OK(spw_runtime_destroy(rt));
-  trace_t t = load(want);
-  check_valid(&t);
-  free(t.text);
-  remove_dir();
+  (void)load_valid(want); /* named after the process */
 }
 
 static void an_unwritable_trace_leaves_the_runtime_working(void) {
-  make_dir();
   char path[300];
-  snprintf(path, sizeof path, "%s/no/such/dir/t.json", dir);
+  in_dir(path, "no/such/dir/t.json");
   spw_runtime_t *rt = traced_runtime(path, 0);
   spw_buf_t b;
   ASSERT_OK(spw_alloc(rt, MIB, NULL, &b));
@@ -323,7 +329,6 @@ static void an_unwritable_trace_leaves_the_runtime_working(void) {
   ASSERT_OK(spw_wait_idle(rt));
   ASSERT_EQ(state_of(rt, b), SPW_STATE_HOST);
   ASSERT_OK(spw_runtime_destroy(rt));
-  remove_dir();
 }
 
 static void a_config_without_the_trace_fields_still_works(void) {
@@ -364,4 +369,4 @@ static const spw_test_t tests[] = {
     TEST(a_bad_size_cap_is_a_config_error_that_names_it),
 };
 
-TEST_MAIN(tests)
+TEST_MAIN_FIXTURE(tests, make_dir, remove_dir)
