@@ -32,6 +32,9 @@
 #define FREES_LAND_NS 100000000ull
 /* One wait for room: spills in flight commit and broadcast. */
 #define ROOM_WAIT_NS 5000000ull
+/* How many such waits a prefetch's room may take before the prefetch gives up on it: a hint
+ * has a bounded cost even while other threads keep spills in flight without pause. */
+#define HINT_ROOM_WAITS 20
 
 void spw__budget_credit(spw_runtime_t *rt, uint64_t bytes) {
   spw_budget_t *b = &rt->budget;
@@ -169,13 +172,13 @@ int spw__budget_reserve(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
 
 /* A prefetch's room (see spw__device_get_hint): up to the high watermark only, since above
  * it the background spiller would push the buffer straight out again, and made only from
- * buffers that no prefetch brought back. It waits for spills in flight, never for locks or
- * frees: what cannot be placed now is dropped, so a hint costs at most one move per buffer
- * however crowded the device is. */
+ * buffers that no prefetch brought back. It waits for spills in flight (HINT_ROOM_WAITS at
+ * most), never for locks or frees: what cannot be placed now is dropped, so a hint costs at
+ * most one move per buffer however crowded the device is. */
 static int reserve_for_hint(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
   spw_budget_t *b = &rt->budget;
   if (bytes > b->high) return SPW_ERR_OUT_OF_MEMORY;
-  for (;;) {
+  for (int waits = 0; waits <= HINT_ROOM_WAITS;) {
     uint64_t used = atomic_load(&b->used);
     if (used + bytes <= b->high) {
       if (atomic_compare_exchange_weak(&b->used, &used, used + bytes)) return SPW_OK;
@@ -184,16 +187,19 @@ static int reserve_for_hint(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
     uint64_t shortfall = used + bytes - b->high, inflight = atomic_load(&b->spilling);
     if (inflight >= shortfall) {
       wait_for_room(rt);
+      waits++;
       continue;
     }
     if (spw__spill_for_hint(rt, shortfall - inflight) > 0) continue;
     if (own > 0) return SPW_ERR_NOT_READY; /* what it holds may land and make it fit */
     if (inflight > 0) {
       wait_for_room(rt); /* the others' spills may leave enough */
+      waits++;
       continue;
     }
-    return SPW_ERR_OUT_OF_MEMORY;
+    break;
   }
+  return SPW_ERR_OUT_OF_MEMORY;
 }
 
 int spw__device_get_hint(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
