@@ -273,6 +273,22 @@ int bench_fail(spw_runtime_t *rt, const char *what, int st) {
   return st;
 }
 
+int bench_get_stats(spw_runtime_t *rt, spw_stats_t *out) {
+  memset(out, 0, sizeof *out);
+  out->struct_size = sizeof *out;
+  int st = spw_get_stats(rt, out);
+  return st != SPW_OK ? bench_fail(rt, "spw_get_stats", st) : SPW_OK;
+}
+
+size_t bench_count_not_in(spw_runtime_t *rt, const spw_buf_t *b, size_t n, spw_state_t want) {
+  size_t off = 0;
+  for (size_t i = 0; i < n; i++) {
+    spw_state_t st;
+    if (spw_buf_state(rt, b[i], &st) != SPW_OK || st != want) off++;
+  }
+  return off;
+}
+
 /* ---- raw side --------------------------------------------------------------------------- */
 
 static size_t page_round(size_t bytes) {

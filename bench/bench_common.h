@@ -120,4 +120,10 @@ int bench_verify(spw_runtime_t *rt, spw_buf_t buf, size_t bytes, uint32_t seed, 
 /* Prints "what: SPW_ERR_X (last error text)" to stderr; returns st. */
 int bench_fail(spw_runtime_t *rt, const char *what, int st);
 
+/* The runtime's statistics, the whole struct; a failure is printed (bench_fail). */
+int bench_get_stats(spw_runtime_t *rt, spw_stats_t *out);
+
+/* How many of b[0, n) are not in state `want` (a failed query counts as not). */
+size_t bench_count_not_in(spw_runtime_t *rt, const spw_buf_t *b, size_t n, spw_state_t want);
+
 #endif /* SPILLWAY_BENCH_COMMON_H */

@@ -243,22 +243,6 @@ typedef struct set_result {
   unsigned anomalies;
 } set_result_t;
 
-static int get_stats(spw_runtime_t *rt, spw_stats_t *out) {
-  memset(out, 0, sizeof *out);
-  out->struct_size = sizeof *out;
-  int st = spw_get_stats(rt, out);
-  return st != SPW_OK ? bench_fail(rt, "spw_get_stats", st) : SPW_OK;
-}
-
-static size_t count_not_in(spw_runtime_t *rt, const spw_buf_t *b, size_t n, spw_state_t want) {
-  size_t off = 0;
-  for (size_t i = 0; i < n; i++) {
-    spw_state_t st;
-    if (spw_buf_state(rt, b[i], &st) != SPW_OK || st != want) off++;
-  }
-  return off;
-}
-
 static void anomaly(set_result_t *r, const char *what, uint64_t n) {
   char sz[32];
   bench_fmt_size(r->size, sz, sizeof sz);
@@ -270,15 +254,15 @@ static void anomaly(set_result_t *r, const char *what, uint64_t n) {
 static int spill_to_disk(spw_runtime_t *rt, const spw_buf_t *b, size_t n, set_result_t *r,
                          double *seconds) {
   spw_stats_t s0, s1;
-  int st = get_stats(rt, &s0);
+  int st = bench_get_stats(rt, &s0);
   double t0 = bench_now();
   for (size_t i = 0; i < n && st == SPW_OK; i++)
     if ((st = spw_spill(rt, b[i], SPW_TIER_DISK)) != SPW_OK) bench_fail(rt, "spw_spill", st);
   if (st == SPW_OK && (st = spw_wait_idle(rt)) != SPW_OK) bench_fail(rt, "spw_wait_idle", st);
   *seconds = bench_now() - t0;
-  if (st == SPW_OK) st = get_stats(rt, &s1);
+  if (st == SPW_OK) st = bench_get_stats(rt, &s1);
   if (st != SPW_OK) return st;
-  size_t off = count_not_in(rt, b, n, SPW_STATE_DISK);
+  size_t off = bench_count_not_in(rt, b, n, SPW_STATE_DISK);
   if (off) anomaly(r, "buffers not on disk after the timed spill", off);
   uint64_t wrote = s1.disk_write_bytes - s0.disk_write_bytes;
   if (wrote != (uint64_t)n * r->size) anomaly(r, "disk write counter did not grow by the set", wrote);
@@ -303,9 +287,9 @@ static int run_set(const bench_env_t *env, spw_runtime_t *rt, spw_stream_t s, si
 
   double tw1 = 0, tw2 = 0, tw3 = 0, tr1 = 0, tr2 = 0, tr3 = 0;
   spw_stats_t q0, q1, q2;
-  if (st == SPW_OK) st = get_stats(rt, &q0);
+  if (st == SPW_OK) st = bench_get_stats(rt, &q0);
   if (st == SPW_OK) st = spill_to_disk(rt, b, n, r, &tw1);
-  if (st == SPW_OK) st = get_stats(rt, &q1);
+  if (st == SPW_OK) st = bench_get_stats(rt, &q1);
   if (st == SPW_OK) {
     double t0 = bench_now();
     for (size_t i = 0; i < n && st == SPW_OK; i++)
@@ -314,10 +298,10 @@ static int run_set(const bench_env_t *env, spw_runtime_t *rt, spw_stream_t s, si
     if (st == SPW_OK && (st = spw_stream_synchronize(rt, s)) != SPW_OK)
       bench_fail(rt, "spw_stream_synchronize", st);
     tr1 = bench_now() - t0;
-    size_t off = st == SPW_OK ? count_not_in(rt, b, n, SPW_STATE_RESIDENT) : 0;
+    size_t off = st == SPW_OK ? bench_count_not_in(rt, b, n, SPW_STATE_RESIDENT) : 0;
     if (off) anomaly(r, "buffers not resident after the timed prefetch", off);
   }
-  if (st == SPW_OK) st = get_stats(rt, &q2);
+  if (st == SPW_OK) st = bench_get_stats(rt, &q2);
   if (st == SPW_OK) {
     r->write_reqs = (double)(q1.disk_requests - q0.disk_requests) / (double)n;
     r->read_reqs = (double)(q2.disk_requests - q1.disk_requests) / (double)n;
@@ -331,7 +315,7 @@ static int run_set(const bench_env_t *env, spw_runtime_t *rt, spw_stream_t s, si
     sst = spw_stream_synchronize(rt, s);
     if (st == SPW_OK && sst != SPW_OK) st = bench_fail(rt, "spw_stream_synchronize", sst);
     tr2 = bench_now() - t0;
-    size_t off = st == SPW_OK ? count_not_in(rt, b, n, SPW_STATE_RESIDENT) : 0;
+    size_t off = st == SPW_OK ? bench_count_not_in(rt, b, n, SPW_STATE_RESIDENT) : 0;
     if (off) anomaly(r, "buffers not resident after the timed acquire_n", off);
   } /* the synchronize released the locks */
   free(d);
@@ -345,7 +329,7 @@ static int run_set(const bench_env_t *env, spw_runtime_t *rt, spw_stream_t s, si
     sst = spw_stream_synchronize(rt, s);
     if (st == SPW_OK && sst != SPW_OK) st = bench_fail(rt, "spw_stream_synchronize", sst);
     tr3 = bench_now() - t0;
-    size_t off = st == SPW_OK ? count_not_in(rt, b, n, SPW_STATE_RESIDENT) : 0;
+    size_t off = st == SPW_OK ? bench_count_not_in(rt, b, n, SPW_STATE_RESIDENT) : 0;
     if (off) anomaly(r, "buffers not resident after the timed acquire", off);
   }
   /* The sample, read back after three round trips through the disk. */

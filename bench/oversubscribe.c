@@ -74,13 +74,6 @@ static int measure_link(const bench_env_t *env, uint64_t link_bytes, uint64_t pi
   return st;
 }
 
-static int get_stats(spw_runtime_t *rt, spw_stats_t *out) {
-  memset(out, 0, sizeof *out);
-  out->struct_size = sizeof *out;
-  int st = spw_get_stats(rt, out);
-  return st != SPW_OK ? bench_fail(rt, "spw_get_stats", st) : SPW_OK;
-}
-
 /* Steps whose kernel has completed: a host function after each kernel counts it, so the
  * issuing thread can stay at most `max_lag` steps ahead of the device. Without that bound
  * the thread can lock every resident buffer with work the device has not reached, and an
@@ -132,7 +125,7 @@ static int sweep(const sweep_args_t *a, sweep_t *out) {
   pthread_mutex_init(&prog.mu, NULL);
   pthread_cond_init(&prog.cv, NULL);
   uint64_t retries = 0;
-  int st = get_stats(rt, &s0);
+  int st = bench_get_stats(rt, &s0);
   const uint64_t steps = a->passes * n;
   double t0 = bench_now();
   for (uint64_t j = 0; j < a->depth && j < steps && st == SPW_OK; j++) {
@@ -173,7 +166,7 @@ static int sweep(const sweep_args_t *a, sweep_t *out) {
   pthread_mutex_destroy(&prog.mu);
   if (st == SPW_OK && (x != SPW_OK || y != SPW_OK))
     st = bench_fail(rt, "spw_stream_synchronize", x != SPW_OK ? x : y);
-  if (st == SPW_OK) st = get_stats(rt, &s1);
+  if (st == SPW_OK) st = bench_get_stats(rt, &s1);
   if (st != SPW_OK) return st;
   out->depth = a->depth;
   out->oom_retries = retries;

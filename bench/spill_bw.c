@@ -113,19 +113,7 @@ static int acquire_range(spw_runtime_t *rt, const spw_buf_t *b, size_t from, siz
 /* How many of b[from, to) are not in `want`. */
 static size_t count_not_in(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to,
                            spw_state_t want) {
-  size_t off = 0;
-  for (size_t i = from; i < to; i++) {
-    spw_state_t st;
-    if (spw_buf_state(rt, b[i], &st) != SPW_OK || st != want) off++;
-  }
-  return off;
-}
-
-static int get_stats(spw_runtime_t *rt, spw_stats_t *out) {
-  memset(out, 0, sizeof *out);
-  out->struct_size = sizeof *out;
-  int st = spw_get_stats(rt, out);
-  return st != SPW_OK ? bench_fail(rt, "spw_get_stats", st) : SPW_OK;
+  return bench_count_not_in(rt, b + from, to - from, want);
 }
 
 static void anomaly(ctx_t *c, const char *what, size_t n) {
@@ -420,14 +408,14 @@ static int measure_spillway(ctx_t *c) {
 
   for (unsigned k = 0; k < c->reps && st == SPW_OK; k++) {
     spw_stats_t s0, s1;
-    st = get_stats(rt, &s0);
+    st = bench_get_stats(rt, &s0);
     if (st != SPW_OK) break;
     if (k == 0) r->arena_before = s0.host_pinned_bytes;
 
     double t0 = bench_now();
     st = spill_range(rt, c->bufs, 0, n);
     t_spill[k] = bench_now() - t0;
-    if (st == SPW_OK) st = get_stats(rt, &s1);
+    if (st == SPW_OK) st = bench_get_stats(rt, &s1);
     if (st != SPW_OK) break;
     size_t off = count_not_in(rt, c->bufs, 0, n, SPW_STATE_HOST);
     if (off) anomaly(c, "buffers not on host after the timed spill", off);

@@ -291,82 +291,92 @@ static void test_memcpy_async_round_trip(void) {
  * gaps can be checked) and 4096-aligned extents of one registered slab. */
 enum { BATCH_N = 3000 };
 
-static void test_copy_batch_d2h_3000_buffers(void) {
-  spw_backend_t *b = be;
-  uint64_t rng = 0xD2D2;
-  size_t *size = random_sizes(BATCH_N, 2 * MiB, &rng);
-  extents_t dev_e = place(size, BATCH_N, 256, 256, 0, &rng);
-  extents_t host_e = place(size, BATCH_N, 4096, 4096, 0, &rng);
-  spw_stream_t s;
-  ASSERT_OK(ops->stream_create(b, &s));
-  uint8_t *stage = malloc(dev_e.span);
-  ASSERT_TRUE(stage != NULL);
-  fill_extents(stage, &dev_e, 21);
-  uint8_t *dev = NULL;
-  ASSERT_OK(ops->alloc_async(b, dev_e.span, s, (void **)&dev));
-  ASSERT_OK(ops->memcpy_async(b, dev, stage, dev_e.span, s));
-  uint8_t *slab = registered_slab(b, host_e.span);
-  memset(slab, SENTINEL, host_e.span);
-  spw_copy_desc_t *d = descs_for(&host_e, slab, &dev_e, dev);
-  ASSERT_OK(ops->stream_sync(b, s));
+typedef struct batch_layout {
+  size_t *size;
+  extents_t dev_e, host_e;
+} batch_layout_t;
 
+static batch_layout_t batch_layout(uint64_t seed) {
+  batch_layout_t l;
+  uint64_t rng = seed;
+  l.size = random_sizes(BATCH_N, 2 * MiB, &rng);
+  l.dev_e = place(l.size, BATCH_N, 256, 256, 0, &rng);
+  l.host_e = place(l.size, BATCH_N, 4096, 4096, 0, &rng);
+  return l;
+}
+
+static void batch_layout_free(batch_layout_t *l) {
+  free(l->dev_e.off);
+  free(l->host_e.off);
+  free(l->size);
+}
+
+/* One batch copy of the whole layout on s, synchronized, and its rate printed (a first call:
+ * it includes loading the copy kernel). */
+static void timed_batch_copy(spw_backend_t *b, const batch_layout_t *l,
+                             const spw_copy_desc_t *d, spw_copy_dir_t dir, spw_stream_t s) {
   double t0 = now_s();
-  ASSERT_OK(ops->copy_batch_async(b, d, BATCH_N, SPW_COPY_D2H, s));
+  ASSERT_OK(ops->copy_batch_async(b, d, BATCH_N, dir, s));
   ASSERT_OK(ops->stream_sync(b, s));
   double dt = now_s() - t0;
-  size_t bytes = total_bytes(size, BATCH_N);
-  printf("  info: D2H %d buffers, %.1f MB in %.2f ms (%.1f GB/s, first call)\n", BATCH_N,
-         (double)bytes / 1e6, dt * 1e3, (double)bytes / dt / 1e9);
-  check_extents(slab, &host_e, 21, "D2H slab");
+  size_t bytes = total_bytes(l->size, BATCH_N);
+  printf("  info: %s %d buffers, %.1f MB in %.2f ms (%.1f GB/s, first call)\n",
+         dir == SPW_COPY_D2H ? "D2H" : "H2D", BATCH_N, (double)bytes / 1e6, dt * 1e3,
+         (double)bytes / dt / 1e9);
+}
+
+static void test_copy_batch_d2h_3000_buffers(void) {
+  spw_backend_t *b = be;
+  batch_layout_t l = batch_layout(0xD2D2);
+  spw_stream_t s;
+  ASSERT_OK(ops->stream_create(b, &s));
+  uint8_t *stage = malloc(l.dev_e.span);
+  ASSERT_TRUE(stage != NULL);
+  fill_extents(stage, &l.dev_e, 21);
+  uint8_t *dev = NULL;
+  ASSERT_OK(ops->alloc_async(b, l.dev_e.span, s, (void **)&dev));
+  ASSERT_OK(ops->memcpy_async(b, dev, stage, l.dev_e.span, s));
+  uint8_t *slab = registered_slab(b, l.host_e.span);
+  memset(slab, SENTINEL, l.host_e.span);
+  spw_copy_desc_t *d = descs_for(&l.host_e, slab, &l.dev_e, dev);
+  ASSERT_OK(ops->stream_sync(b, s));
+  timed_batch_copy(b, &l, d, SPW_COPY_D2H, s);
+  check_extents(slab, &l.host_e, 21, "D2H slab");
 
   ASSERT_OK(ops->free_async(b, dev, s));
   ASSERT_OK(ops->stream_destroy(b, s));
-  free_slab(b, slab, host_e.span);
+  free_slab(b, slab, l.host_e.span);
   free(d);
   free(stage);
-  free(dev_e.off);
-  free(host_e.off);
-  free(size);
+  batch_layout_free(&l);
 }
 
 static void test_copy_batch_h2d_3000_buffers(void) {
   spw_backend_t *b = be;
-  uint64_t rng = 0x4242;
-  size_t *size = random_sizes(BATCH_N, 2 * MiB, &rng);
-  extents_t dev_e = place(size, BATCH_N, 256, 256, 0, &rng);
-  extents_t host_e = place(size, BATCH_N, 4096, 4096, 0, &rng);
+  batch_layout_t l = batch_layout(0x4242);
   spw_stream_t s;
   ASSERT_OK(ops->stream_create(b, &s));
-  uint8_t *slab = registered_slab(b, host_e.span);
-  fill_extents(slab, &host_e, 31);
+  uint8_t *slab = registered_slab(b, l.host_e.span);
+  fill_extents(slab, &l.host_e, 31);
   uint8_t *dev = NULL;
-  ASSERT_OK(ops->alloc_async(b, dev_e.span, s, (void **)&dev));
-  ASSERT_EQ(cudaMemsetAsync(dev, SENTINEL, dev_e.span, s), cudaSuccess);
-  spw_copy_desc_t *d = descs_for(&dev_e, dev, &host_e, slab);
+  ASSERT_OK(ops->alloc_async(b, l.dev_e.span, s, (void **)&dev));
+  ASSERT_EQ(cudaMemsetAsync(dev, SENTINEL, l.dev_e.span, s), cudaSuccess);
+  spw_copy_desc_t *d = descs_for(&l.dev_e, dev, &l.host_e, slab);
   ASSERT_OK(ops->stream_sync(b, s));
+  timed_batch_copy(b, &l, d, SPW_COPY_H2D, s);
 
-  double t0 = now_s();
-  ASSERT_OK(ops->copy_batch_async(b, d, BATCH_N, SPW_COPY_H2D, s));
-  ASSERT_OK(ops->stream_sync(b, s));
-  double dt = now_s() - t0;
-  size_t bytes = total_bytes(size, BATCH_N);
-  printf("  info: H2D %d buffers, %.1f MB in %.2f ms (%.1f GB/s, first call)\n", BATCH_N,
-         (double)bytes / 1e6, dt * 1e3, (double)bytes / dt / 1e9);
-
-  uint8_t *back = malloc(dev_e.span);
+  uint8_t *back = malloc(l.dev_e.span);
   ASSERT_TRUE(back != NULL);
-  ASSERT_OK(ops->memcpy_async(b, back, dev, dev_e.span, s));
+  ASSERT_OK(ops->memcpy_async(b, back, dev, l.dev_e.span, s));
   ASSERT_OK(ops->free_async(b, dev, s));
   ASSERT_OK(ops->stream_sync(b, s));
-  check_extents(back, &dev_e, 31, "H2D device");
+  check_extents(back, &l.dev_e, 31, "H2D device");
 
   ASSERT_OK(ops->stream_destroy(b, s));
-  free_slab(b, slab, host_e.span);
+  free_slab(b, slab, l.host_e.span);
   free(back);
   free(d);
-  free(dev_e.off);
-  free(host_e.off);
-  free(size);
+  batch_layout_free(&l);
 }
 
 /* Buffers at any byte offset on both sides (shared alignment mod 16, 8, 4, or none) arrive

@@ -62,19 +62,17 @@ void gate_await_entered(gate_t *g) {
   ASSERT_TRUE(entered);
 }
 
-bool gate_entered(gate_t *g) {
+/* One of the gate's flags, read under its mutex. */
+static bool flag_of(gate_t *g, const bool *flag) {
   pthread_mutex_lock(&g->mu);
-  bool e = g->entered;
+  bool v = *flag;
   pthread_mutex_unlock(&g->mu);
-  return e;
+  return v;
 }
 
-bool gate_timed_out(gate_t *g) {
-  pthread_mutex_lock(&g->mu);
-  bool t = g->timed_out;
-  pthread_mutex_unlock(&g->mu);
-  return t;
-}
+bool gate_entered(gate_t *g) { return flag_of(g, &g->entered); }
+
+bool gate_timed_out(gate_t *g) { return flag_of(g, &g->timed_out); }
 
 typedef struct later {
   gate_t *g;
