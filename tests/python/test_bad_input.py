@@ -3,6 +3,8 @@
 a documented exception (docs/python.md, "Errors"), never a crash, a wrap or a silent
 success. Crashes are checked in a fresh interpreter, so that one fails the test rather than
 killing the run."""
+import threading
+
 import numpy as np
 import pytest
 
@@ -285,6 +287,29 @@ def test_wait_idle_names_background_work_and_not_this_threads_last_error(tmp_pat
             rt.wait_idle()
         assert e.value.detail == "background work"
         assert "asked for" not in str(e.value)
+
+
+def test_async_error_names_background_work_as_wait_idle_does(tmp_path):
+    class Failures(spillway.Controller):
+        def __init__(self):
+            self.failed = threading.Event()
+
+        def state_changed(self, event):
+            if not event.ok:
+                self.failed.set()
+
+    with spillway.Runtime(backend="host", device_limit=4 * MiB, host_device_bytes=8 * MiB,
+                          disk_limit=64 * 1024, spill_dir=str(tmp_path), io="posix",
+                          ignore_env=True, log_level="off") as rt:
+        seen = Failures()
+        rt.set_controller(seen)
+        b = rt.alloc(4 * MiB)
+        rt.spill(b, spillway.Tier.DISK)  # larger than the disk limit: fails in the background
+        assert seen.failed.wait(60)  # the error is recorded before the event is sent
+        e = rt.async_error()
+        assert isinstance(e, spillway.DiskFullError)
+        assert e.detail == "background work"
+        rt.set_controller(None)
 
 
 @pytest.mark.xfail(strict=True, reason="needs the C change proposed to the lead: an acquire's "

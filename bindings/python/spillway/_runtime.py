@@ -184,7 +184,8 @@ class Runtime(_c.RuntimeBase):
         if st == 0:
             return None
         cls = error_class(st)
-        return cls(f"{_c.err_name(st)}: {_c.strerror(st)} (background work)", st, "")
+        return cls(f"{_c.err_name(st)}: {_c.strerror(st)} (background work)", st,
+                   "background work")
 
     # -- controller ------------------------------------------------------------------
     def set_controller(self, controller: Optional[Controller]) -> None:
