@@ -27,8 +27,16 @@ exists() { # exists PATH -> 0 if the path, a glob match or a built program of th
   grep -qs "add_executable(${p##*/}[ )]" "$(dirname "$p")/CMakeLists.txt"
 }
 
-mapfile -t files < <(git ls-files -- README.md 'docs/*.md' '*.c' '*.h' '*.cu' '*.cpp' '*.hpp' \
-                       '*.py' '*.pyi' '*.sh' ':!:tests/fuzz/corpus')
+if git rev-parse --is-inside-work-tree >/dev/null 2>&1; then
+  mapfile -t files < <(git ls-files -- README.md 'docs/*.md' '*.c' '*.h' '*.cu' '*.cpp' '*.hpp' \
+                         '*.py' '*.pyi' '*.sh' ':!:tests/fuzz/corpus')
+else # an unpacked archive: every such file but build trees and carried dependencies
+  mapfile -t files < <(find . \( -path './build*' -o -path ./.deps -o -path ./.git \
+                         -o -path ./tests/fuzz/corpus \) -prune -o -type f \( -name README.md \
+                         -o -path './docs/*.md' -o -name '*.[ch]' -o -name '*.cu' -o -name '*.cpp' \
+                         -o -name '*.hpp' -o -name '*.py' -o -name '*.pyi' -o -name '*.sh' \) \
+                         -print | sed 's#^\./##' | sort)
+fi
 bad=0
 while IFS= read -r hit; do
   where=${hit%:*}
