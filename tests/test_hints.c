@@ -177,6 +177,36 @@ static void a_newer_hint_replaces_an_older_one(void) {
   fixture_close(&f);
 }
 
+/* A wish that comes back while a lane still works on an equal, older one is a new wish: the
+ * lane that finishes the older one must not settle it. The upload lane takes b[0] (its copy
+ * waits behind a gate) with b[1] (resident: nothing to do); meanwhile b[1] is spilled to host
+ * on the download lane and prefetched again, which queues it for the upload lane's next run.
+ * The older prefetch's end used to clear the newer one (their wishes compared equal), and
+ * b[1] stayed on host. */
+static void a_wish_renewed_while_its_lane_works_is_carried_out(void) {
+  fixture_t f = fixture_on_host();
+  ASSERT_OK(spw_acquire(f.rt, f.b[1], f.s, 0, &(void *){NULL}));
+  ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
+  gate_t g;
+  gate_init(&g);
+  ASSERT_OK(f.rt->ops->launch_host_func(f.rt->be, spw__h2d(f.rt), gate_wait, &g));
+  gate_await_entered(&g);
+  const spw_buf_t two[2] = {f.b[0], f.b[1]};
+  ASSERT_OK(spw_prefetch_n(f.rt, two, 2, f.s));
+  await_state(f.rt, f.b[0], SPW_STATE_UNSPILLING); /* the lane took both, and waits */
+  ASSERT_OK(spw_spill(f.rt, f.b[1], SPW_TIER_HOST)); /* the download lane is free */
+  await_state(f.rt, f.b[1], SPW_STATE_HOST);
+  ASSERT_OK(spw_prefetch(f.rt, f.b[1], f.s)); /* the newest wish: back on the device */
+  gate_open(&g);
+  ASSERT_OK(spw_wait_idle(f.rt));
+  ASSERT_EQ(state_of(f.rt, f.b[0]), SPW_STATE_RESIDENT);
+  ASSERT_EQ(state_of(f.rt, f.b[1]), SPW_STATE_RESIDENT);
+  ASSERT_UEQ(stats_of(f.rt).hints_pending, 0);
+  ASSERT_TRUE(!gate_timed_out(&g));
+  gate_fini(&g);
+  fixture_close(&f);
+}
+
 /* A prefetch makes room only from buffers nobody said they would use next: what an earlier
  * prefetch brought in stays until it is acquired; once acquired, it is an ordinary victim. */
 static void a_prefetch_never_pushes_out_an_unconsumed_prefetch(void) {
@@ -287,6 +317,7 @@ static const spw_test_t tests[] = {
     TEST(a_burst_of_prefetches_moves_each_buffer_at_most_once),
     TEST(repeated_spill_hints_spill_once),
     TEST(a_newer_hint_replaces_an_older_one),
+    TEST(a_wish_renewed_while_its_lane_works_is_carried_out),
     TEST(a_prefetch_never_pushes_out_an_unconsumed_prefetch),
     TEST(an_allocation_may_push_out_prefetched_buffers),
     TEST(wait_idle_returns_while_other_threads_keep_sending_hints),

@@ -28,6 +28,9 @@ typedef enum spw_wish {
 
 typedef struct spw_hint {
   spw_buf_t buf;  /* 0: an empty cell */
+  uint64_t stamp; /* when the wish was set (the set's `stamps`): a lane settles only the
+                     wish it took, not an equal one sent since (the buffer's entry may even
+                     have been removed and added again meanwhile) */
   uint8_t wish;   /* spw_wish_t */
   uint8_t queued; /* bit per lane (1 << spw_lane_t): the handle is in that lane's queue */
 } spw_hint_t;
@@ -35,6 +38,7 @@ typedef struct spw_hint {
 typedef struct spw_hint_set {
   spw_hint_t *cells; /* open addressing, linear probing; a power of two long */
   size_t cap, n;
+  uint64_t stamps; /* the last stamp given to a wish */
 } spw_hint_set_t;
 
 /* The entry of `buf`, or NULL. */

@@ -33,6 +33,7 @@ typedef struct job {
 typedef struct taken {
   spw_buf_t h;
   spw_wish_t wish;
+  uint64_t stamp; /* the wish's, as taken */
 } taken_t;
 
 static spw_lane_t lane_of(spw_wish_t w) { return w == SPW_WISH_PREFETCH ? SPW_LANE_UP : SPW_LANE_DOWN; }
@@ -72,6 +73,7 @@ static int submit(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_wish_t w
     }
     if (e->wish != SPW_WISH_NONE) replaced++;
     e->wish = (uint8_t)wish;
+    e->stamp = ++rt->hints.stamps;
     if (e->queued & (1u << lane)) continue; /* queued there already for an older wish */
     e->queued |= (uint8_t)(1u << lane);
     j->hs[j->n++] = hs[i];
@@ -102,7 +104,7 @@ static taken_t *take(spw_runtime_t *rt, spw_lane_t lane, spw_job_t *jobs, size_t
       if (!e) continue;
       e->queued &= (uint8_t) ~(1u << lane);
       if (e->wish != SPW_WISH_NONE && lane_of((spw_wish_t)e->wish) == lane) {
-        if (t) t[(*n)++] = (taken_t){j->hs[i], (spw_wish_t)e->wish};
+        if (t) t[(*n)++] = (taken_t){j->hs[i], (spw_wish_t)e->wish, e->stamp};
         else e->wish = SPW_WISH_NONE; /* no memory: dropped, as a hint may be */
       }
       if (e->wish == SPW_WISH_NONE && e->queued == 0) spw__hints_remove(&rt->hints, j->hs[i]);
@@ -114,12 +116,14 @@ static taken_t *take(spw_runtime_t *rt, spw_lane_t lane, spw_job_t *jobs, size_t
 }
 
 /* The lane is done with these buffers: their wishes are fulfilled (or could not be), unless
- * a newer one came meanwhile. */
+ * a newer one came meanwhile. Newer is by stamp, not by value: a wish replaced and then sent
+ * again while the lane worked (prefetch, spill, prefetch) is equal to the one taken, but the
+ * lane may already have passed the buffer, and only the next run carries it out. */
 static void settle(spw_runtime_t *rt, const taken_t *t, size_t n) {
   pthread_mutex_lock(&rt->hints_mu);
   for (size_t i = 0; i < n; i++) {
     spw_hint_t *e = spw__hints_find(&rt->hints, t[i].h);
-    if (!e || e->wish != (uint8_t)t[i].wish) continue;
+    if (!e || e->stamp != t[i].stamp) continue;
     e->wish = SPW_WISH_NONE;
     if (e->queued == 0) spw__hints_remove(&rt->hints, t[i].h);
   }
