@@ -584,8 +584,9 @@ int spw__spill_file_alloc(spw_spill_file_t *f, uint64_t bytes, spw_disk_extent_t
   size_t i = 0;
   int st = find_fit(f, need, &i, &dl);
   /* The file system is full, but space that came back is still reserved: give it back and
-   * try again. */
-  if (st == SPW_ERR_DISK_FULL && f->slack > 0) {
+   * try again. A sweep under way counts: it zeroed the slack when it began, and the free
+   * space it has not reached yet is still reserved. */
+  if (st == SPW_ERR_DISK_FULL && (f->slack > 0 || f->sweeping)) {
     sweep(f, &dl);
     st = find_fit(f, need, &i, &dl);
   }
@@ -602,7 +603,7 @@ int spw__spill_file_alloc(spw_spill_file_t *f, uint64_t bytes, spw_disk_extent_t
     /* Punched when it came back: reserve its blocks again, so that a full disk is reported
      * now rather than by the write (on blocks already reserved, a cheap walk). */
     int r = reserve_blocks(f, off, need, 1, &dl);
-    if (r != 0 && is_disk_full_errno(-r) && f->slack > 0) {
+    if (r != 0 && is_disk_full_errno(-r) && (f->slack > 0 || f->sweeping)) {
       sweep(f, &dl); /* the extent stays first fit: only holes were added */
       if (ranges_reserve(&f->holes, 1) != SPW_OK) {
         st = SPW_ERR_SYSTEM;

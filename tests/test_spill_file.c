@@ -570,6 +570,34 @@ static void test_enospc_on_small_tmpfs(const char *dir) {
   spw__spill_file_close(f);
 }
 
+/* A full file system while a step-by-step sweep is under way: the free space the sweep has
+ * not reached yet is still reserved, and must be punched out (a whole sweep) before the
+ * allocator reports ENOSPC, although nothing has come back since the sweep began. */
+static void test_enospc_during_a_stepwise_sweep_sweeps_the_rest(const char *dir) {
+  spw_spill_file_t *f = NULL;
+  ASSERT_OK(spw__spill_file_open(dir, 0, 1 * MiB, NULL, NULL, &f));
+  enum { N = 64 };
+  spw_disk_extent_t e[N];
+  int n = 0, st = SPW_OK;
+  while (n < N && (st = spw__spill_file_alloc(f, 256 * KiB, &e[n])) == SPW_OK) n++;
+  ASSERT_LT(n, N);
+  ASSERT_STATUS(st, SPW_ERR_DISK_FULL);
+  ASSERT_GE(n, 16);
+  /* Every other extent comes back: separate gaps, well over a step in all. */
+  int due = 0;
+  for (int i = 0; i < n; i += 2) due |= spw__spill_file_free(f, &e[i]);
+  ASSERT_EQ(due, 1);
+  ASSERT_EQ(spw__spill_file_sweep(f, 1), 1); /* one gap punched; the rest still reserved */
+  /* No gap fits 1 MiB, and the file system has no room to grow by it until the gaps the
+   * sweep has not reached are given back. */
+  spw_disk_extent_t x;
+  ASSERT_OK(spw__spill_file_alloc(f, 1 * MiB, &x));
+  spw__spill_file_free(f, &x);
+  for (int i = 1; i < n; i += 2) spw__spill_file_free(f, &e[i]);
+  ASSERT_UEQ(spw__spill_file_bytes_in_use(f), 0);
+  spw__spill_file_close(f);
+}
+
 /* ext4 keeps the blocks and the size a failed fallocate got before ENOSPC; the allocator
  * must cut the file back, so the failed step leaves no trace. */
 static void test_enospc_on_small_ext4_leaves_file_unchanged(const char *dir) {
@@ -671,6 +699,8 @@ static void full_and_unusual_file_systems(void) {
                                 : "cannot mount a tmpfs here");
   }
   check_child(run_mounted(test_enospc_on_small_tmpfs, dir));
+  ASSERT_EQ(mount_fs(dir, "tmpfs", "size=8m,mode=0700"), 0);
+  check_child(run_mounted(test_enospc_during_a_stepwise_sweep_sweeps_the_rest, dir));
   int loop = mount_small_ext4(dir, dir);
   if (loop >= 0) {
     int ws = run_mounted(test_enospc_on_small_ext4_leaves_file_unchanged, dir);
