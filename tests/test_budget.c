@@ -86,8 +86,37 @@ static void alloc_fails_when_locked_plus_request_exceed_the_limit(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
+/* Issue 18: an acquire that found no room returned SPW_ERR_OUT_OF_MEMORY, and the next
+ * spw_wait_idle returned it again, as if background work had failed. The failure is the
+ * acquire's own: counted and sent to the controller, not an async error. */
+static void an_acquire_that_finds_no_room_is_not_an_async_error(void) {
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.device_limit = 8 * MIB;
+  spw_runtime_t *rt = test_runtime(&cfg);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t a, b;
+  void *d;
+  b = test_filled(rt, s, 4 * MIB, 7);
+  ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_alloc(rt, 5 * MIB, s, &a));
+  ASSERT_OK(spw_acquire(rt, a, s, 0, &d));
+  const uint64_t failures = stats_of(rt).failures;
+  ASSERT_STATUS(spw_acquire(rt, b, s, 0, &d), SPW_ERR_OUT_OF_MEMORY);
+  ASSERT_UEQ(stats_of(rt).failures, failures + 1);
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_async_error(rt));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  test_expect_fill(rt, b, s, 4 * MIB, 7); /* fits now that `a` is unlocked */
+  ASSERT_OK(spw_free(rt, a));
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
 static const spw_test_t tests[] = {
     TEST(alloc_waits_for_a_prefetch_in_flight_instead_of_failing),
     TEST(alloc_fails_when_locked_plus_request_exceed_the_limit),
+    TEST(an_acquire_that_finds_no_room_is_not_an_async_error),
 };
 TEST_MAIN(tests)

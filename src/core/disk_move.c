@@ -118,9 +118,10 @@ int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim) {
 /* Reads the moves' buffers back, reserving device memory for as many as the budget gives
  * this call at once (room that only what it holds could give waits for the next round).
  * With `hint` (a prefetch), room is a hint's (spw__device_get_hint), and once there is none
- * the rest are dropped: left on disk, unreported, counted; *full is then set. */
+ * the rest are dropped: left on disk, unreported, counted; *full is then set. With `own`
+ * the caller receives each failure (an acquire), so it is no error of background work. */
 static size_t read_back(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32_t locks,
-                        void **dptr, int *status, int hint, int *full) {
+                        void **dptr, int *status, int hint, int own, int *full) {
   spw_stream_t h2d = spw__h2d(rt);
   spw_disk_item_t *items = malloc(n * sizeof *items);
   size_t moved = 0;
@@ -164,6 +165,8 @@ static size_t read_back(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32
       }
       if (end == SPW_MOVE_FREED) st = SPW_ERR_FREED;
       if (end == SPW_MOVE_BACK && drop) dropped++;
+      else if (end == SPW_MOVE_BACK && own)
+        spw__report_own_move(rt, m[i].h, SPW_STATE_DISK, SPW_STATE_DISK, 0, dt, st);
       else if (end == SPW_MOVE_BACK)
         spw__report_move(rt, m[i].h, SPW_STATE_DISK, SPW_STATE_DISK, 0, dt, st);
       if (end == SPW_MOVE_DONE) {
@@ -183,14 +186,9 @@ static size_t read_back(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32
   return moved;
 }
 
-size_t spw__read_back_n(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32_t locks,
-                        void **dptr, int *status) {
-  return read_back(rt, m, n, locks, dptr, status, 0, NULL);
-}
-
 int spw__read_back(spw_runtime_t *rt, const spw_move_t *m, uint32_t locks, void **dptr) {
   int st;
-  spw__read_back_n(rt, m, 1, locks, dptr, &st);
+  read_back(rt, m, 1, locks, dptr, &st, 0, 1, NULL); /* an acquire's: it returns st */
   return st;
 }
 
@@ -218,7 +216,7 @@ size_t spw__prefetch_from_disk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n,
       if (spw__w_state(w) != SPW_STATE_DISK) continue; /* moved meanwhile */
       if (spw__move_begin(rt, SPW_MOVE_READ, hs[i], s, SPW_CLAIM_WAIT, &m[k])) bytes += m[k++].size;
     }
-    if (k) moved += read_back(rt, m, k, 0, NULL, NULL, hint, &full); /* failures are reported */
+    if (k) moved += read_back(rt, m, k, 0, NULL, NULL, hint, 0, &full); /* failures are reported */
   }
   /* The groups never begun stay on disk: dropped as well. */
   uint64_t left = 0;

@@ -48,13 +48,10 @@ void spw__spill_to_disk_n(spw_runtime_t *rt, spw_victim_t *const *v, size_t n,
 /* Demotes h (HOST -> DISK); with `claim` SPW_CLAIM_TRY it never waits for the slot mutex.
  * SPW_ERR_BUSY if h is not (any more) an unlocked HOST buffer. */
 int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim);
-/* Reads DISK buffers back: m[i] are READ moves begun by the caller, who holds no lock; all
- * are read as batches through the staging slots. Each buffer back takes `locks` locks and
- * its data has landed. dptr and status (each may be NULL) get each one's device memory and
- * result (SPW_OK, SPW_ERR_FREED, or why it stayed on disk). Returns how many came back. */
-size_t spw__read_back_n(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32_t locks,
-                        void **dptr, int *status);
-/* One buffer: spw__read_back_n of one, returning its status. */
+/* Reads a DISK buffer back for an acquire: `m` is a READ move begun by the caller, who holds
+ * no lock. Back, the buffer takes `locks` locks and its data has landed; *dptr gets its
+ * device memory. Returns SPW_OK, SPW_ERR_FREED, or why it stayed on disk (the caller's to
+ * return: not recorded as an error of background work). */
 int spw__read_back(spw_runtime_t *rt, const spw_move_t *m, uint32_t locks, void **dptr);
 /* Reads back the DISK buffers among hs as batches (others are skipped); failures are
  * reported. `hint` as for spw__prefetch_batch. Returns how many came back. */
@@ -97,5 +94,9 @@ uint64_t spw__demote_lru(spw_runtime_t *rt, uint64_t bytes);
  * held. */
 void spw__report_move(spw_runtime_t *rt, spw_buf_t h, spw_state_t from, spw_state_t to,
                       uint64_t bytes, uint64_t ns, int status);
+/* The same for a move whose caller receives its status (an acquire's own unspill or read
+ * back): counted and delivered, but not an error of background work. */
+void spw__report_own_move(spw_runtime_t *rt, spw_buf_t h, spw_state_t from, spw_state_t to,
+                          uint64_t bytes, uint64_t ns, int status);
 
 #endif /* SPILLWAY_CORE_MOVES_H */

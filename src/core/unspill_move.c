@@ -54,7 +54,7 @@ int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, un
   }
   if (end == SPW_MOVE_FREED) return SPW_ERR_FREED;
   if (end == SPW_MOVE_BACK) {
-    spw__report_move(rt, m->h, SPW_STATE_HOST, SPW_STATE_HOST, 0, dt, st);
+    spw__report_own_move(rt, m->h, SPW_STATE_HOST, SPW_STATE_HOST, 0, dt, st); /* the acquire's */
     return st;
   }
   atomic_fetch_add(&rt->c.unspills, 1);

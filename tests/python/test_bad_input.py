@@ -312,8 +312,6 @@ def test_async_error_names_background_work_as_wait_idle_does(tmp_path):
         rt.set_controller(None)
 
 
-@pytest.mark.xfail(strict=True, reason="needs the C change proposed to the lead: an acquire's "
-                   "own unspill that fails returns its status and is not an async error")
 def test_an_acquire_that_fails_for_room_is_not_a_background_failure(rt, stream):
     bufs = fill_and_lock(rt, stream)
     with pytest.raises(spillway.OutOfMemoryError):
