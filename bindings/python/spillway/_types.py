@@ -87,6 +87,10 @@ class Stats:
     demote_ns: int
     disk_read_ns: int
     disk_requests: int
+    hints_merged: int
+    hints_replaced: int
+    hints_pending: int
+    prefetch_dropped: int
 
 
 def _check(what: str, python: object, c: object) -> None:

@@ -535,7 +535,8 @@ static PyObject *runtime_wait_idle(PyObject *self, PyObject *noargs) {
   X(host_pinned_bytes) X(spills) X(spill_bytes) X(unspills) X(unspill_bytes) X(demotions)    \
   X(demote_bytes) X(disk_reads) X(disk_read_bytes) X(disk_writes) X(disk_write_bytes)        \
   X(spills_on_demand) X(spills_background) X(spills_abandoned) X(clean_respills) X(failures) \
-  X(spill_ns) X(unspill_ns) X(demote_ns) X(disk_read_ns) X(disk_requests)
+  X(spill_ns) X(unspill_ns) X(demote_ns) X(disk_read_ns) X(disk_requests) X(hints_merged)   \
+  X(hints_replaced) X(hints_pending) X(prefetch_dropped)
 
 static PyObject *runtime_stats(PyObject *self, PyObject *noargs) {
   spwpy_runtime_t *r = R(self);
