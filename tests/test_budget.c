@@ -65,16 +65,26 @@ static void alloc_waits_for_a_prefetch_in_flight_instead_of_failing(void) {
 
 /* The one real out-of-memory: the locked bytes plus the request exceed the limit. The
  * message gives the figures. */
-static void alloc_fails_when_locked_plus_request_exceed_the_limit(void) {
+/* An 8 MiB budget with 5 MiB locked on *s (buffer *a). `before` (may be NULL) runs first,
+ * and what it makes goes to *made. */
+static spw_runtime_t *five_of_eight_locked(spw_stream_t *s, spw_buf_t *a,
+                                           spw_buf_t (*before)(spw_runtime_t *, spw_stream_t),
+                                           spw_buf_t *made) {
   spw_config_t cfg = SPW_CONFIG_INIT;
   cfg.device_limit = 8 * MIB;
   spw_runtime_t *rt = test_runtime(&cfg);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t a, b, c;
+  ASSERT_OK(spw_stream_create(rt, s));
+  if (before) *made = before(rt, *s);
   void *d;
-  ASSERT_OK(spw_alloc(rt, 5 * MIB, s, &a));
-  ASSERT_OK(spw_acquire(rt, a, s, 0, &d));
+  ASSERT_OK(spw_alloc(rt, 5 * MIB, *s, a));
+  ASSERT_OK(spw_acquire(rt, *a, *s, 0, &d));
+  return rt;
+}
+
+static void alloc_fails_when_locked_plus_request_exceed_the_limit(void) {
+  spw_stream_t s;
+  spw_buf_t a, b, c;
+  spw_runtime_t *rt = five_of_eight_locked(&s, &a, NULL, NULL);
   ASSERT_OK(spw_alloc(rt, 2 * MIB, s, &b)); /* unlocked: spillable, but not enough */
   ASSERT_STATUS(spw_alloc(rt, 4 * MIB, s, &c), SPW_ERR_OUT_OF_MEMORY);
   ASSERT_TRUE(strstr(spw_last_error(rt), "5242880 of them locked, 4194304 asked for") != NULL);
@@ -89,19 +99,18 @@ static void alloc_fails_when_locked_plus_request_exceed_the_limit(void) {
 /* Issue 18: an acquire that found no room returned SPW_ERR_OUT_OF_MEMORY, and the next
  * spw_wait_idle returned it again, as if background work had failed. The failure is the
  * acquire's own: counted and sent to the controller, not an async error. */
-static void an_acquire_that_finds_no_room_is_not_an_async_error(void) {
-  spw_config_t cfg = SPW_CONFIG_INIT;
-  cfg.device_limit = 8 * MIB;
-  spw_runtime_t *rt = test_runtime(&cfg);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t a, b;
-  void *d;
-  b = test_filled(rt, s, 4 * MIB, 7);
+static spw_buf_t spilled_4_mib(spw_runtime_t *rt, spw_stream_t s) {
+  spw_buf_t b = test_filled(rt, s, 4 * MIB, 7);
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_OK(spw_alloc(rt, 5 * MIB, s, &a));
-  ASSERT_OK(spw_acquire(rt, a, s, 0, &d));
+  return b;
+}
+
+static void an_acquire_that_finds_no_room_is_not_an_async_error(void) {
+  spw_stream_t s;
+  spw_buf_t a, b;
+  spw_runtime_t *rt = five_of_eight_locked(&s, &a, spilled_4_mib, &b);
+  void *d;
   const uint64_t failures = stats_of(rt).failures;
   ASSERT_STATUS(spw_acquire(rt, b, s, 0, &d), SPW_ERR_OUT_OF_MEMORY);
   ASSERT_UEQ(stats_of(rt).failures, failures + 1);
