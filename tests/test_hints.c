@@ -111,7 +111,9 @@ static void a_burst_of_prefetches_moves_each_buffer_at_most_once(void) {
   ASSERT_UEQ(after.spills, before.spills);                  /* no prefetch evicted another */
   ASSERT_LE((uint64_t)resident * MIB, after.device_limit * 95 / 100); /* what can stay */
   ASSERT_UEQ(after.prefetch_dropped - before.prefetch_dropped, NB - (uint64_t)resident);
-  ASSERT_UEQ(after.hints_merged - before.hints_merged, 49 * NB + 1); /* b[0] was moving */
+  /* b[0], taken by the lane, is queued again by the first round (the next run finds it
+   * resident): every later round merges. */
+  ASSERT_UEQ(after.hints_merged - before.hints_merged, 49 * NB);
   ASSERT_UEQ(after.failures, 0);
   ASSERT_UEQ(after.hints_pending, 0);
   ASSERT_TRUE(!gate_timed_out(&g));
@@ -197,6 +199,37 @@ static void a_wish_renewed_while_its_lane_works_is_carried_out(void) {
   ASSERT_OK(spw_spill(f.rt, f.b[1], SPW_TIER_HOST)); /* the download lane is free */
   await_state(f.rt, f.b[1], SPW_STATE_HOST);
   ASSERT_OK(spw_prefetch(f.rt, f.b[1], f.s)); /* the newest wish: back on the device */
+  gate_open(&g);
+  ASSERT_OK(spw_wait_idle(f.rt));
+  ASSERT_EQ(state_of(f.rt, f.b[0]), SPW_STATE_RESIDENT);
+  ASSERT_EQ(state_of(f.rt, f.b[1]), SPW_STATE_RESIDENT);
+  ASSERT_UEQ(stats_of(f.rt).hints_pending, 0);
+  ASSERT_TRUE(!gate_timed_out(&g));
+  gate_fini(&g);
+  fixture_close(&f);
+}
+
+/* A hint equal to one whose lane has already taken the buffer may come after the lane has
+ * passed it: it is queued again, not merged. The upload lane takes b[0] (its copy waits
+ * behind a gate) with b[1] (resident: nothing to do); then an allocation pushes b[1] out on
+ * demand, and b[1] is prefetched. Merged with the taken wish, that prefetch was lost when the
+ * run ended, and b[1] stayed on host. */
+static void a_hint_after_its_lane_passed_the_buffer_is_carried_out(void) {
+  fixture_t f = fixture_on_host();
+  ASSERT_OK(spw_acquire(f.rt, f.b[1], f.s, 0, &(void *){NULL}));
+  ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
+  gate_t g;
+  gate_init(&g);
+  ASSERT_OK(f.rt->ops->launch_host_func(f.rt->be, spw__h2d(f.rt), gate_wait, &g));
+  gate_await_entered(&g);
+  const spw_buf_t two[2] = {f.b[0], f.b[1]};
+  ASSERT_OK(spw_prefetch_n(f.rt, two, 2, f.s));
+  await_state(f.rt, f.b[0], SPW_STATE_UNSPILLING); /* the lane took both, and waits */
+  spw_buf_t big;
+  ASSERT_OK(spw_alloc(f.rt, 7 * MIB, f.s, &big)); /* b[1] is the one victim */
+  ASSERT_OK(spw_free(f.rt, big));
+  ASSERT_EQ(state_of(f.rt, f.b[1]), SPW_STATE_HOST);
+  ASSERT_OK(spw_prefetch(f.rt, f.b[1], f.s));
   gate_open(&g);
   ASSERT_OK(spw_wait_idle(f.rt));
   ASSERT_EQ(state_of(f.rt, f.b[0]), SPW_STATE_RESIDENT);
@@ -318,6 +351,7 @@ static const spw_test_t tests[] = {
     TEST(repeated_spill_hints_spill_once),
     TEST(a_newer_hint_replaces_an_older_one),
     TEST(a_wish_renewed_while_its_lane_works_is_carried_out),
+    TEST(a_hint_after_its_lane_passed_the_buffer_is_carried_out),
     TEST(a_prefetch_never_pushes_out_an_unconsumed_prefetch),
     TEST(an_allocation_may_push_out_prefetched_buffers),
     TEST(wait_idle_returns_while_other_threads_keep_sending_hints),

@@ -4,10 +4,10 @@
  * A hint (spw_spill, spw_spill_n, spw_prefetch, spw_prefetch_n) is a wish about where a
  * buffer should be, not a command to carry out once per call: the set keeps at most one
  * pending wish per buffer, so however often a hint is sent, what the engine has left to do
- * never exceeds one move per buffer. A hint equal to the pending one merges with it; a
- * different one replaces it (the newest wish wins). An entry stays until the lane that
- * acts on its wish has finished with the buffer, so a hint for a buffer being moved merges
- * too.
+ * never exceeds one move per buffer and lane run. A hint equal to the pending one merges
+ * with it while it is queued; a different one replaces it (the newest wish wins). An entry
+ * stays until the lane that acts on its wish has finished with the buffer; a hint equal to
+ * a wish the lane has taken is queued again, once (the lane may have passed the buffer).
  *
  * Not thread-safe: the owner (jobs.c) holds its own mutex around every call.
  */

@@ -48,7 +48,10 @@ static void free_jobs(spw_job_t *list) {
 }
 
 /* Records the wish for each buffer and queues on the wish's lane those not queued there
- * yet. */
+ * yet. A wish equal to the pending one merges only while the buffer is still queued: once
+ * its lane has taken it, the lane may have passed it already (skipped it as not where the
+ * wish applies, dropped it for want of room), so the wish is queued again, once, and the
+ * next run carries it out or finds nothing to do. */
 static int submit(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_wish_t wish) {
   spw_lane_t lane = lane_of(wish);
   job_t *j = calloc(1, sizeof *j);
@@ -67,11 +70,11 @@ static int submit(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_wish_t w
       st = SPW_ERR_SYSTEM; /* what was recorded before stays queued */
       break;
     }
-    if (e->wish == (uint8_t)wish) {
+    if (e->wish == (uint8_t)wish && (e->queued & (1u << lane))) {
       merged++;
       continue;
     }
-    if (e->wish != SPW_WISH_NONE) replaced++;
+    if (e->wish != SPW_WISH_NONE && e->wish != (uint8_t)wish) replaced++;
     e->wish = (uint8_t)wish;
     e->stamp = ++rt->hints.stamps;
     if (e->queued & (1u << lane)) continue; /* queued there already for an older wish */
