@@ -101,9 +101,13 @@ void spw__engine_stop(spw_engine_t *e) {
   e->stop = 1;
   for (int i = 0; i < 2; i++) pthread_cond_signal(&e->lanes[i].cv);
   pthread_mutex_unlock(&e->mu);
+  /* Both lanes are joined before anything is destroyed: one lane's last run may still queue
+   * on the other (a controller callback), signalling its condition variable. */
+  for (int i = 0; i < 2; i++)
+    if (e->lanes[i].started) pthread_join(e->lanes[i].thread, NULL);
   for (int i = 0; i < 2; i++) {
     lane_t *l = &e->lanes[i];
-    if (l->started) pthread_join(l->thread, NULL);
+    if (l->head && e->work.discard) e->work.discard(e->work.ctx, l->head); /* queued too late */
     if (l->stream) e->ops->stream_destroy(e->be, l->stream);
     pthread_cond_destroy(&l->cv);
   }

@@ -34,13 +34,17 @@ typedef struct spw_engine_work {
   void (*run)(void *ctx, spw_lane_t lane, spw_job_t *jobs);
   /* Runs on the down lane's thread after a kick. */
   void (*background)(void *ctx);
+  /* Frees jobs that no lane will run: queued by one lane's thread (a controller callback)
+   * after the other lane had stopped. */
+  void (*discard)(void *ctx, spw_job_t *jobs);
   void *ctx;
 } spw_engine_work_t;
 
 /* Creates both streams and starts both lanes. On error nothing is left behind. */
 int spw__engine_start(const spw_backend_ops_t *ops, spw_backend_t *be,
                       const spw_engine_work_t *work, spw_engine_t **out);
-/* Runs the queued jobs, stops both lanes, destroys the streams. NULL-safe. */
+/* Runs the queued jobs, stops both lanes, destroys the streams; jobs queued after a lane
+ * stopped are discarded. NULL-safe. */
 void spw__engine_stop(spw_engine_t *e);
 /* The lane's copy stream (d2h for DOWN, h2d for UP). */
 spw_stream_t spw__engine_stream(const spw_engine_t *e, spw_lane_t lane);

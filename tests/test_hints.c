@@ -153,7 +153,9 @@ static void repeated_spill_hints_spill_once(void) {
 
 /* The newest wish wins: a spill queued behind a busy lane, then a prefetch of the same
  * buffer, and the buffer stays on the device. */
-static void a_newer_hint_replaces_an_older_one(void) {
+/* A spill to disk of b[1] queued behind the busy download lane, then a prefetch of it, in
+ * one of two forms. */
+static void newer_prefetch_replaces_a_queued_spill(int (*prefetch)(fixture_t *, spw_buf_t)) {
   fixture_t f = fixture_on_host();
   ASSERT_OK(spw_acquire(f.rt, f.b[1], f.s, 0, &(void *){NULL}));
   ASSERT_OK(spw_acquire(f.rt, f.b[2], f.s, 0, &(void *){NULL}));
@@ -166,7 +168,7 @@ static void a_newer_hint_replaces_an_older_one(void) {
   await_state(f.rt, f.b[2], SPW_STATE_SPILLING);
   const spw_stats_t before = stats_of(f.rt);
   ASSERT_OK(spw_spill_n(f.rt, &f.b[1], 1, SPW_TIER_DISK));
-  ASSERT_OK(spw_prefetch_n(f.rt, &f.b[1], 1, f.s)); /* replaces the spill */
+  ASSERT_OK(prefetch(&f, f.b[1])); /* replaces the spill */
   gate_open(&g);
   ASSERT_OK(spw_wait_idle(f.rt));
   const spw_stats_t after = stats_of(f.rt);
@@ -177,6 +179,20 @@ static void a_newer_hint_replaces_an_older_one(void) {
   ASSERT_TRUE(!gate_timed_out(&g));
   gate_fini(&g);
   fixture_close(&f);
+}
+
+static int prefetch_n_of_one(fixture_t *f, spw_buf_t b) { return spw_prefetch_n(f->rt, &b, 1, f->s); }
+static int prefetch_one(fixture_t *f, spw_buf_t b) { return spw_prefetch(f->rt, b, f->s); }
+
+/* The newest wish wins: the buffer stays on the device. */
+static void a_newer_hint_replaces_an_older_one(void) {
+  newer_prefetch_replaces_a_queued_spill(prefetch_n_of_one);
+}
+
+/* The same when the prefetch finds the buffer already resident and has nothing to move: it
+ * is still the newest wish, and the pending spill is cancelled. */
+static void a_prefetch_of_a_resident_buffer_cancels_its_pending_spill(void) {
+  newer_prefetch_replaces_a_queued_spill(prefetch_one);
 }
 
 /* A wish that comes back while a lane still works on an equal, older one is a new wish: the
@@ -350,6 +366,7 @@ static const spw_test_t tests[] = {
     TEST(a_burst_of_prefetches_moves_each_buffer_at_most_once),
     TEST(repeated_spill_hints_spill_once),
     TEST(a_newer_hint_replaces_an_older_one),
+    TEST(a_prefetch_of_a_resident_buffer_cancels_its_pending_spill),
     TEST(a_wish_renewed_while_its_lane_works_is_carried_out),
     TEST(a_hint_after_its_lane_passed_the_buffer_is_carried_out),
     TEST(a_prefetch_never_pushes_out_an_unconsumed_prefetch),

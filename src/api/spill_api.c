@@ -18,9 +18,11 @@ int spw_spill(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t tier) {
     break;
   case SPW_STATE_HOST:
   case SPW_STATE_DEMOTING:
-    if (tier == SPW_TIER_HOST) return SPW_OK;
-    break;
+    if (tier != SPW_TIER_HOST) break;
+    spw__jobs_fulfilled(rt, buf, tier); /* already there: no move, but the newest wish */
+    return SPW_OK;
   case SPW_STATE_DISK:
+    spw__jobs_fulfilled(rt, buf, tier);
     return SPW_OK;
   default: /* SPILLING or UNSPILLING: the engine sorts it out when it gets there */
     break;
@@ -36,7 +38,10 @@ int spw_prefetch(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream) {
   if (st != SPW_OK) return st;
   if (w & SPW_W_FREE_PENDING) return SPW_ERR_FREED;
   uint32_t state = spw__w_state(w);
-  if (state != SPW_STATE_HOST && state != SPW_STATE_DISK) return SPW_OK; /* there, or on its way */
+  if (state != SPW_STATE_HOST && state != SPW_STATE_DISK) { /* there, or on its way */
+    spw__jobs_fulfilled(rt, buf, SPW_TIER_DEVICE); /* the newest wish: a pending spill goes */
+    return SPW_OK;
+  }
   /* The engine's upload lane does the work, so making room never blocks the caller, and
    * prefetches queued together move as one batch. */
   return spw__jobs_prefetch(rt, &buf, 1);

@@ -178,11 +178,14 @@ int spw__budget_reserve(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
 static int reserve_for_hint(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
   spw_budget_t *b = &rt->budget;
   if (bytes > b->high) return SPW_ERR_OUT_OF_MEMORY;
-  for (int waits = 0; waits <= HINT_ROOM_WAITS;) {
+  for (int waits = 0; waits < HINT_ROOM_WAITS;) {
     uint64_t used = atomic_load(&b->used);
     if (used + bytes <= b->high) {
-      if (atomic_compare_exchange_weak(&b->used, &used, used + bytes)) return SPW_OK;
-      continue;
+      if (!atomic_compare_exchange_weak(&b->used, &used, used + bytes)) continue;
+      /* Past half the limit, pin host memory ahead of the first spill, as for any
+       * reservation. */
+      if (used <= b->limit / 2 && used + bytes > b->limit / 2) spw__engine_kick(rt->engine);
+      return SPW_OK;
     }
     uint64_t shortfall = used + bytes - b->high, inflight = atomic_load(&b->spilling);
     if (inflight >= shortfall) {

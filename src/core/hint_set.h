@@ -36,15 +36,16 @@ typedef struct spw_hint {
 } spw_hint_t;
 
 typedef struct spw_hint_set {
-  spw_hint_t *cells; /* open addressing, linear probing; a power of two long */
+  spw_hint_t *cells; /* one per slot index, up to the highest hinted (hint_set.c) */
   size_t cap, n;
   uint64_t stamps; /* the last stamp given to a wish */
 } spw_hint_set_t;
 
 /* The entry of `buf`, or NULL. */
 spw_hint_t *spw__hints_find(spw_hint_set_t *s, spw_buf_t buf);
-/* The entry of `buf`, added empty (wish NONE, queued 0) if absent; NULL when out of memory.
- * Pointers from earlier calls may move. */
+/* The entry of `buf`, added empty (wish NONE, queued 0) if absent, taking over the cell of
+ * a freed buffer that had the same slot; NULL when out of memory. Pointers from earlier
+ * calls may move. */
 spw_hint_t *spw__hints_add(spw_hint_set_t *s, spw_buf_t buf);
 /* Removes `buf`'s entry if there is one. */
 void spw__hints_remove(spw_hint_set_t *s, spw_buf_t buf);

@@ -81,14 +81,14 @@ static int submit(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_wish_t w
     e->queued |= (uint8_t)(1u << lane);
     j->hs[j->n++] = hs[i];
   }
+  /* Queued before hints_mu goes: a thread whose equal hint merges with these must find the
+   * job queued, or its spw_wait_idle could return before the job exists. */
+  const size_t queued = j->n; /* once queued, the job is the lane's: never read it again */
+  if (queued > 0) spw__engine_submit(rt->engine, lane, &j->link);
   pthread_mutex_unlock(&rt->hints_mu);
   if (merged) atomic_fetch_add_explicit(&rt->c.hints_merged, merged, memory_order_relaxed);
   if (replaced) atomic_fetch_add_explicit(&rt->c.hints_replaced, replaced, memory_order_relaxed);
-  if (j->n == 0) {
-    free_jobs(&j->link);
-    return st;
-  }
-  spw__engine_submit(rt->engine, lane, &j->link);
+  if (queued == 0) free_jobs(&j->link);
   return st;
 }
 
@@ -226,8 +226,13 @@ static void run(void *ctx, spw_lane_t lane, spw_job_t *jobs) {
   if (lane == SPW_LANE_DOWN) background(rt); /* locks released since the last kick may have left usage high */
 }
 
+static void discard(void *ctx, spw_job_t *jobs) {
+  (void)ctx;
+  free_jobs(jobs);
+}
+
 spw_engine_work_t spw__jobs_work(spw_runtime_t *rt) {
-  return (spw_engine_work_t){.run = run, .background = background, .ctx = rt};
+  return (spw_engine_work_t){.run = run, .background = background, .discard = discard, .ctx = rt};
 }
 
 int spw__jobs_spill(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_tier_t tier) {
@@ -236,6 +241,25 @@ int spw__jobs_spill(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_tier_t
 
 int spw__jobs_prefetch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n) {
   return submit(rt, hs, n, SPW_WISH_PREFETCH);
+}
+
+void spw__jobs_fulfilled(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier) {
+  spw_wish_t wish = tier == SPW_TIER_DEVICE ? SPW_WISH_PREFETCH
+                    : tier == SPW_TIER_DISK ? SPW_WISH_DISK
+                                            : SPW_WISH_HOST;
+  int replaced = 0;
+  pthread_mutex_lock(&rt->hints_mu);
+  spw_hint_t *e = spw__hints_find(&rt->hints, h);
+  if (e && e->wish != SPW_WISH_NONE && e->wish != (uint8_t)wish) {
+    /* The newest wish is that the buffer stay where it is: the lane that finds the older
+     * one's handle in its queue now skips it. */
+    e->wish = SPW_WISH_NONE;
+    e->stamp = ++rt->hints.stamps;
+    replaced = 1;
+    if (e->queued == 0) spw__hints_remove(&rt->hints, h);
+  }
+  pthread_mutex_unlock(&rt->hints_mu);
+  if (replaced) atomic_fetch_add_explicit(&rt->c.hints_replaced, 1, memory_order_relaxed);
 }
 
 size_t spw__jobs_pending(spw_runtime_t *rt) {

@@ -14,6 +14,10 @@ spw_engine_work_t spw__jobs_work(spw_runtime_t *rt);
  * SPW_ERR_SYSTEM (out of memory: the buffers before the failing one stay queued). */
 int spw__jobs_spill(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_tier_t tier);
 int spw__jobs_prefetch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n);
+/* A hint that finds its buffer already where it asks (spw_spill of a buffer at or below
+ * `tier`, spw_prefetch of one on the device: tier DEVICE) needs no move, but it is still
+ * the newest wish: a different one pending for the buffer is cancelled. */
+void spw__jobs_fulfilled(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier);
 /* Buffers with a pending wish (statistics). */
 size_t spw__jobs_pending(spw_runtime_t *rt);
 

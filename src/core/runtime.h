@@ -8,8 +8,8 @@
  * lives outside it.
  *
  * Lock order (outer to inner): a slot's mu -> a stream's lock-map spin lock -> d2h_gate ->
- * budget mu, arena mutex, disk_mu, completion mutex, engine mutex, event pool mutex, tls_mu,
- * ctl_mu, hints_mu. A thread never holds two slot mutexes at once except through a trylock,
+ * budget mu, arena mutex, disk_mu, completion mutex, hints_mu -> engine mutex, event pool
+ * mutex, tls_mu, ctl_mu. (hints_mu is held while a hint's job is queued on the engine.) A thread never holds two slot mutexes at once except through a trylock,
  * and no user or controller callback runs while any of these is held (callbacks are
  * collected and delivered afterwards).
  */
@@ -83,7 +83,8 @@ struct spw_runtime {
   spw_event_pool_t events;
   spw_trace_t *trace; /* NULL unless SPILLWAY_TRACE: every hook is `if (rt->trace)` */
 
-  /* The pending hints (jobs.c): at most one wish per buffer. hints_mu is a leaf lock. */
+  /* The pending hints (jobs.c): at most one wish per buffer. Under hints_mu nothing is taken
+   * but the engine mutex (to queue a job). */
   pthread_mutex_t hints_mu;
   spw_hint_set_t hints;
 

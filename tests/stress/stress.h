@@ -210,7 +210,8 @@ struct stress {
   _Atomic uint64_t cb_transitions[7][7];
   /* the end of the run: workers free their buffers once the idle checks are done */
   atomic_int may_free;
-  double idle_s;                 /* how long spw_wait_idle took after everything stopped */
+  double idle_stop_s;            /* spw_wait_idle as soon as nothing sends hints any more */
+  double idle_s;                 /* spw_wait_idle after the workers' final checks */
   /* the main thread, for the watchdog */
   _Atomic uint64_t main_heartbeat;
   _Atomic(const char *) main_phase;

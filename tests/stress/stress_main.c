@@ -599,8 +599,9 @@ static void summary(stress_t *st, double elapsed) {
       "%llu, D->R %llu), %llu locked skips, %llu out-of-memory prefetches, %llu pressure "
       "calls naming %llu victims, %llu "
       "allocated, %llu freed, %llu calls and %llu deadlock checks from callbacks; "
-      "tolerated background errors %llu; idle after stop %.2f s (bound %g s); hints merged "
-      "%llu, replaced %llu, prefetches dropped %llu; stats: %s\n",
+      "tolerated background errors %llu; spw_wait_idle %.2f s after the stop, %.2f s after "
+      "the final checks (bound %g s); hints merged %llu, replaced %llu, prefetches dropped "
+      "%llu; stats: %s\n",
       (unsigned long long)st->o.seed, elapsed, st->nworkers,
       st->backend == SPW_BACKEND_CUDA ? "cuda" : "host", (unsigned long long)total, ops,
       (unsigned long long)groups, (unsigned long long)checks, (double)checked / (double)MiB,
@@ -617,7 +618,8 @@ static void summary(stress_t *st, double elapsed) {
       (unsigned long long)atomic_load(&st->cb_freed),
       (unsigned long long)atomic_load(&st->cb_calls),
       (unsigned long long)atomic_load(&st->cb_deadlock_checks),
-      (unsigned long long)atomic_load(&st->tolerated), st->idle_s, st->o.idle_seconds,
+      (unsigned long long)atomic_load(&st->tolerated), st->idle_stop_s, st->idle_s,
+      st->o.idle_seconds,
       (unsigned long long)hs.hints_merged, (unsigned long long)hs.hints_replaced,
       (unsigned long long)hs.prefetch_dropped, stats);
 #undef TR
@@ -749,6 +751,17 @@ static int run(stress_t *st) {
   phase(st, "joining the meddler");
   atomic_store(&st->stop, 1);
   if (o->meddler) pthread_join(meddler, NULL);
+  /* What the issue measured: the backlog of hints, waited for as soon as the meddler and
+   * the workers stop sending them (the workers go on to their final checks meanwhile). */
+  phase(st, "spw_wait_idle as soon as nothing sends hints");
+  double t_idle = stress_now();
+  rc = spw_wait_idle(st->rt);
+  st->idle_stop_s = stress_now() - t_idle;
+  stress_expect_async(st, NULL, "spw_wait_idle as soon as nothing sends hints", rc,
+                      st->meddler_tracker + 1);
+  if (st->idle_stop_s > o->idle_seconds)
+    stress_fail(st, NULL, "spw_wait_idle took %.1f s once nothing sent hints (bound %g s)",
+                st->idle_stop_s, o->idle_seconds);
   phase(st, "waiting for the workers' final checks");
   for (int i = 0; i < st->nworkers; i++)
     while (atomic_load(&st->workers[i].phase) < 2) { /* the watchdog watches them meanwhile */
