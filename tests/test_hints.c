@@ -195,13 +195,10 @@ static void a_prefetch_of_a_resident_buffer_cancels_its_pending_spill(void) {
   newer_prefetch_replaces_a_queued_spill(prefetch_one);
 }
 
-/* A wish that comes back while a lane still works on an equal, older one is a new wish: the
- * lane that finishes the older one must not settle it. The upload lane takes b[0] (its copy
- * waits behind a gate) with b[1] (resident: nothing to do); meanwhile b[1] is spilled to host
- * on the download lane and prefetched again, which queues it for the upload lane's next run.
- * The older prefetch's end used to clear the newer one (their wishes compared equal), and
- * b[1] stayed on host. */
-static void a_wish_renewed_while_its_lane_works_is_carried_out(void) {
+/* The upload lane takes b[0] (its copy waits behind a gate) with b[1] (resident: nothing
+ * to do); `meanwhile` moves b[1] off the device and prefetches it again. Both must end on
+ * the device, with nothing pending. */
+static void lane_passes_b1_then(void (*meanwhile)(fixture_t *)) {
   fixture_t f = fixture_on_host();
   ASSERT_OK(spw_acquire(f.rt, f.b[1], f.s, 0, &(void *){NULL}));
   ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
@@ -212,9 +209,7 @@ static void a_wish_renewed_while_its_lane_works_is_carried_out(void) {
   const spw_buf_t two[2] = {f.b[0], f.b[1]};
   ASSERT_OK(spw_prefetch_n(f.rt, two, 2, f.s));
   await_state(f.rt, f.b[0], SPW_STATE_UNSPILLING); /* the lane took both, and waits */
-  ASSERT_OK(spw_spill(f.rt, f.b[1], SPW_TIER_HOST)); /* the download lane is free */
-  await_state(f.rt, f.b[1], SPW_STATE_HOST);
-  ASSERT_OK(spw_prefetch(f.rt, f.b[1], f.s)); /* the newest wish: back on the device */
+  meanwhile(&f);
   gate_open(&g);
   ASSERT_OK(spw_wait_idle(f.rt));
   ASSERT_EQ(state_of(f.rt, f.b[0]), SPW_STATE_RESIDENT);
@@ -225,35 +220,37 @@ static void a_wish_renewed_while_its_lane_works_is_carried_out(void) {
   fixture_close(&f);
 }
 
+static void spill_b1_and_prefetch_it(fixture_t *f) {
+  ASSERT_OK(spw_spill(f->rt, f->b[1], SPW_TIER_HOST)); /* the download lane is free */
+  await_state(f->rt, f->b[1], SPW_STATE_HOST);
+  ASSERT_OK(spw_prefetch(f->rt, f->b[1], f->s)); /* the newest wish: back on the device */
+}
+
+/* A wish that comes back while a lane still works on an equal, older one is a new wish: the
+ * lane that finishes the older one must not settle it. The upload lane takes b[0] (its copy
+ * waits behind a gate) with b[1] (resident: nothing to do); meanwhile b[1] is spilled to host
+ * on the download lane and prefetched again, which queues it for the upload lane's next run.
+ * The older prefetch's end used to clear the newer one (their wishes compared equal), and
+ * b[1] stayed on host. */
+static void a_wish_renewed_while_its_lane_works_is_carried_out(void) {
+  lane_passes_b1_then(spill_b1_and_prefetch_it);
+}
+
+static void push_b1_out_and_prefetch_it(fixture_t *f) {
+  spw_buf_t big;
+  ASSERT_OK(spw_alloc(f->rt, 7 * MIB, f->s, &big)); /* b[1] is the one victim */
+  ASSERT_OK(spw_free(f->rt, big));
+  ASSERT_EQ(state_of(f->rt, f->b[1]), SPW_STATE_HOST);
+  ASSERT_OK(spw_prefetch(f->rt, f->b[1], f->s));
+}
+
 /* A hint equal to one whose lane has already taken the buffer may come after the lane has
  * passed it: it is queued again, not merged. The upload lane takes b[0] (its copy waits
  * behind a gate) with b[1] (resident: nothing to do); then an allocation pushes b[1] out on
  * demand, and b[1] is prefetched. Merged with the taken wish, that prefetch was lost when the
  * run ended, and b[1] stayed on host. */
 static void a_hint_after_its_lane_passed_the_buffer_is_carried_out(void) {
-  fixture_t f = fixture_on_host();
-  ASSERT_OK(spw_acquire(f.rt, f.b[1], f.s, 0, &(void *){NULL}));
-  ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
-  gate_t g;
-  gate_init(&g);
-  ASSERT_OK(f.rt->ops->launch_host_func(f.rt->be, spw__h2d(f.rt), gate_wait, &g));
-  gate_await_entered(&g);
-  const spw_buf_t two[2] = {f.b[0], f.b[1]};
-  ASSERT_OK(spw_prefetch_n(f.rt, two, 2, f.s));
-  await_state(f.rt, f.b[0], SPW_STATE_UNSPILLING); /* the lane took both, and waits */
-  spw_buf_t big;
-  ASSERT_OK(spw_alloc(f.rt, 7 * MIB, f.s, &big)); /* b[1] is the one victim */
-  ASSERT_OK(spw_free(f.rt, big));
-  ASSERT_EQ(state_of(f.rt, f.b[1]), SPW_STATE_HOST);
-  ASSERT_OK(spw_prefetch(f.rt, f.b[1], f.s));
-  gate_open(&g);
-  ASSERT_OK(spw_wait_idle(f.rt));
-  ASSERT_EQ(state_of(f.rt, f.b[0]), SPW_STATE_RESIDENT);
-  ASSERT_EQ(state_of(f.rt, f.b[1]), SPW_STATE_RESIDENT);
-  ASSERT_UEQ(stats_of(f.rt).hints_pending, 0);
-  ASSERT_TRUE(!gate_timed_out(&g));
-  gate_fini(&g);
-  fixture_close(&f);
+  lane_passes_b1_then(push_b1_out_and_prefetch_it);
 }
 
 /* A prefetch makes room only from buffers nobody said they would use next: what an earlier
