@@ -11,7 +11,7 @@
  * if usage is above the high watermark and sweeps freed disk space a little at a time; the
  * up lane brings the host buffers of every queued prefetch back as one batch, then the
  * buffers on disk as another, into room that does not push out earlier prefetches (see
- * budget.h, SPW_ROOM_HINT). */
+ * spw__device_get_hint in budget.h). */
 #include "jobs.h"
 
 #include <stdlib.h>
