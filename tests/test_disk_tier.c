@@ -17,6 +17,7 @@
 #include <sched.h>
 #include <stdint.h>
 #include <sys/mount.h>
+#include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -563,6 +564,51 @@ static void prefetch_larger_than_the_budget_brings_in_what_fits(void) {
   for (int i = 0; i < NB; i++) ASSERT_OK(spw_free(rt, b[i]));
 }
 
+/* Bytes the file system holds for the spill file in `dir` (found among this process's open
+ * files: it has no name in the directory), or -1 if there is none. */
+static int64_t spill_file_blocks(const char *dir) {
+  DIR *d = opendir("/proc/self/fd");
+  ASSERT_TRUE(d != NULL);
+  int64_t bytes = -1;
+  for (struct dirent *e; (e = readdir(d)) != NULL;) {
+    char link[300], target[PATH_MAX];
+    snprintf(link, sizeof link, "/proc/self/fd/%s", e->d_name);
+    ssize_t k = readlink(link, target, sizeof target - 1);
+    if (k <= 0) continue;
+    target[k] = '\0';
+    struct stat st;
+    if (strncmp(target, dir, strlen(dir)) == 0 && stat(link, &st) == 0 && S_ISREG(st.st_mode))
+      bytes = (int64_t)st.st_blocks * 512;
+  }
+  closedir(d);
+  return bytes;
+}
+
+/* Issue 17: reading buffers back used to run a whole sweep of the spill file's free space
+ * (one hole punch per gap) when the extent it freed crossed a grow step. Now a free only
+ * says a sweep is due, and the engine's download lane gives the space back a step at a
+ * time: once 256 MiB came back, the file's blocks go back to the file system. */
+static void freed_disk_space_goes_back_to_the_file_system(void) {
+  spw_stream_t s;
+  spw_runtime_t *rt = open_disk(16 * MIB, 4 * MIB, &s);
+  enum { N = 72 }; /* 288 MiB: more than one grow step */
+  spw_buf_t b[N];
+  for (int i = 0; i < N; i++) {
+    b[i] = filled(rt, s, 4 * MIB, 900 + (uint64_t)i);
+    spill_wait(rt, b[i], SPW_TIER_DISK, SPW_STATE_DISK);
+  }
+  const int64_t full = spill_file_blocks(fx_dir);
+  TEST_SKIP_IF(full < (int64_t)(N * 4 * MIB), "this file system does not preallocate (no fallocate)");
+  for (int i = 0; i < N; i++) ASSERT_OK(spw_free(rt, b[i]));
+  ASSERT_OK(spw_wait_idle(rt));
+  int64_t now = full;
+  for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < 10000; test_sleep_ms(5))
+    if ((now = spill_file_blocks(fx_dir)) < (int64_t)(32 * MIB)) break;
+  printf("  spill file blocks: %lld MiB with every buffer on disk, %lld MiB after the frees\n",
+         (long long)(full >> 20), (long long)(now >> 20));
+  ASSERT_LT(now, (int64_t)(32 * MIB));
+}
+
 /* Skips the whole run (77) when SPILLWAY_IO=uring and the kernel refuses io_uring: the
  * library then reports the disk tier unsupported. Any other failure is a failure. */
 static void skip_if_uring_refused(void) {
@@ -640,6 +686,7 @@ static const spw_test_t tests[] = {
     TEST(failed_write_in_a_batch_keeps_only_its_buffers_resident),
     TEST(failed_read_in_a_batch_keeps_only_its_buffers_on_disk),
     TEST(prefetch_larger_than_the_budget_brings_in_what_fits),
+    TEST(freed_disk_space_goes_back_to_the_file_system),
     TEST(enospc_on_small_tmpfs_keeps_buffers_on_host),
 };
 TEST_MAIN_HOOKS(tests, setup, teardown, NULL, close_fixture)
