@@ -26,7 +26,8 @@ from ._errors import *  # noqa: F401,F403
 from ._errors import __all__ as _errors_all
 from ._runtime import Runtime, Stream, parse_size
 from ._types import Backend, Buffer, State, Stats, StreamLike, Tier
-from .array import DeferrableArray, DeviceView, ReadOnly
+from .array import DeferrableArray, DeviceView, ReadOnly, lend
+from .process import usage
 from .controller import Controller, HandleInfo, StateEvent
 
 __version__ = "%d.%d.%d" % (_spillway.VERSION_MAJOR, _spillway.VERSION_MINOR,
@@ -37,7 +38,7 @@ stream_handle = _spillway.stream_handle
 __all__ = ["Runtime", "Buffer", "Lock", "Stream", "Stats", "State", "Tier", "Backend",
            "DeferrableArray", "DeviceView", "ReadOnly", "StreamLike", "parse_size",
            "Controller", "StateEvent", "HandleInfo",
-           "stream_handle", "__version__", *_errors_all]
+           "stream_handle", "lend", "usage", "__version__", *_errors_all]
 
 # From interpreter exit on, deallocators never wait on Spillway (no thread joins, no
 # synchronization) and runtimes still alive are left to the OS.

@@ -8,6 +8,7 @@ their Pythonic surface: keyword configuration, enums, a context manager, typed s
 from __future__ import annotations
 
 import inspect
+import os
 import threading
 from typing import Iterable, Optional, Union
 
@@ -108,11 +109,20 @@ class Runtime(_c.RuntimeBase):
         # Every parameter is a configuration field, handed to C by name (CONFIG_FIELDS).
         config = {name: value for name, value in locals().items() if name in _CONFIG}
         super().__init__(**config)
+        # The ordinal as C resolved it (0 means unset there): what DLPack names as the
+        # device. The variable was validated by the creation that just succeeded.
+        env = "" if ignore_env else os.environ.get("SPILLWAY_DEVICE", "")
+        self._device = device or int(env or 0)
 
     # -- properties ------------------------------------------------------------------
     @property
     def backend(self) -> Backend:
         return Backend(self._backend)
+
+    @property
+    def device(self) -> int:
+        """The CUDA device ordinal (0 on the host backend unless one was configured)."""
+        return self._device
 
     @property
     def device_limit(self) -> int:

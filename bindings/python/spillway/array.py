@@ -18,9 +18,9 @@ import numpy as np
 
 from . import _spillway as _c
 from ._errors import InvalidArgumentError
-from ._runtime import Buffer, Runtime, State, StreamLike, Tier
+from ._runtime import Backend, Buffer, Runtime, State, StreamLike, Tier
 
-__all__ = ["DeferrableArray", "ReadOnly", "DeviceView"]
+__all__ = ["DeferrableArray", "ReadOnly", "DeviceView", "lend"]
 
 
 class _Layout:
@@ -260,13 +260,20 @@ class DeferrableArray:
         """Locks the array on `stream` for the ``with`` block and yields a DeviceView with
         ``__cuda_array_interface__`` (for CuPy, PyTorch, ...). Work enqueued on `stream`
         inside the block may use it; the lock is released once the stream passes the end
-        of the block. ``spillway.numba.lend`` yields a Numba device array instead."""
+        of the block. The view also speaks DLPack (``torch.from_dlpack(view)``,
+        ``cupy.from_dlpack(view)``), see :class:`DeviceView`; after the block it refuses
+        both protocols. ``spillway.numba.lend`` yields a Numba device array instead.
+        ``lend`` is the same method."""
         buf = self._buffer
         ptr = buf.acquire(stream, read=read)
+        view = DeviceView(self, ptr, stream, read)
         try:
-            yield DeviceView(self, ptr, stream, read)
+            yield view
         finally:
+            view._end()
             buf.release_async(stream)
+
+    lend = lend_pointer
 
     # -- lifetime -------------------------------------------------------------------
     def free(self) -> None:
@@ -329,10 +336,19 @@ class ReadOnly:
         return f"<read-only {self.array!r}>"
 
 
-class DeviceView:
-    """A locked deferrable array, valid inside ``lend_pointer``'s block only."""
+#: DLPack's codes (DLDataTypeCode) for the NumPy kinds a deferrable array holds.
+_DLPACK_CODES = {"i": 0, "u": 1, "f": 2, "c": 5, "b": 6}
+_KDLCPU, _KDLCUDA = 1, 2
 
-    __slots__ = ("array", "ptr", "stream", "readonly")
+
+class DeviceView:
+    """A locked deferrable array, valid inside its lend's block only (``lend_pointer``,
+    ``spillway.lend``). Consumers read it through ``__cuda_array_interface__`` (Numba,
+    CuPy, PyTorch) or the DLPack protocol (``torch.from_dlpack``, ``cupy.from_dlpack``,
+    ``numpy.from_dlpack`` on the host backend). Once the block has ended, each of them
+    raises BufferError: the lock is gone, and the array may be spilled or moved."""
+
+    __slots__ = ("array", "ptr", "stream", "readonly", "_live")
 
     def __init__(self, array: DeferrableArray, ptr: int, stream: StreamLike,
                  readonly: bool) -> None:
@@ -340,11 +356,96 @@ class DeviceView:
         self.ptr = ptr
         self.stream = _c.stream_handle(stream)
         self.readonly = readonly
+        self._live = True
+
+    @property
+    def live(self) -> bool:
+        """True until the lend's block ends."""
+        return self._live
+
+    def _check_live(self) -> None:
+        if not self._live:
+            raise BufferError("the lend of this array has ended: its lock is released and "
+                              "it may be spilled or moved; lend it again")
 
     @property
     def __cuda_array_interface__(self) -> dict:
+        self._check_live()
         a = self.array
         # Version 3: the consumer orders its work after `stream`; 0 is not allowed there
         # and the default stream is the legacy one (1).
         return {"shape": a.shape, "typestr": a.dtype.str, "data": (self.ptr, self.readonly),
                 "strides": a.strides, "version": 3, "stream": self.stream or 1}
+
+    def __dlpack_device__(self) -> Tuple[int, int]:
+        """(kDLCUDA, device) on the CUDA backend; (kDLCPU, 0) on the host backend, whose
+        device memory is host memory."""
+        self._check_live()
+        rt = self.array.runtime
+        if rt.backend == Backend.CUDA:
+            return (_KDLCUDA, rt.device)
+        return (_KDLCPU, 0)
+
+    def __dlpack__(self, *, stream: Optional[int] = None,
+                   max_version: Optional[Tuple[int, int]] = None,
+                   dl_device: Optional[Tuple[int, int]] = None,
+                   copy: Optional[bool] = None) -> object:
+        """A DLPack capsule of the locked array, zero-copy (the DLPack protocol, as the
+        Python array API specifies it). `stream` is the consumer's: on CUDA None or 1 is
+        the legacy default stream, 2 the per-thread default stream, another int a
+        cudaStream_t, -1 no ordering; 0 is refused (ambiguous). Unless it is the lend's own
+        stream (or -1), this call waits until the work queued on the lend's stream has
+        completed, so the data is ready on any stream (Spillway's C API has no event call
+        to order the two streams without waiting). On the host backend `stream` must be
+        None and the call waits the same way. `max_version` (major, minor) with major >= 1
+        gives a versioned capsule (DLManagedTensorVersioned, read-only flag set for a
+        read-only lend), else the legacy one. `dl_device` other than __dlpack_device__()
+        and ``copy=True`` raise BufferError (no copies are made here). The capsule holds no
+        lock: its memory is valid until the lend's block ends, whatever the consumer
+        does with it after that (docs/python.md)."""
+        self._check_live()
+        dev = self.__dlpack_device__()
+        if copy:
+            raise BufferError("a lent deferrable array is exported without copying; "
+                              "copy=True is not supported")
+        if dl_device is not None and tuple(dl_device) != dev:
+            raise BufferError(f"the array is on DLPack device {dev}, not {tuple(dl_device)}")
+        versioned = False
+        if max_version is not None:
+            if (not isinstance(max_version, tuple) or len(max_version) != 2 or
+                    not all(isinstance(v, int) and not isinstance(v, bool)
+                            for v in max_version)):
+                raise TypeError(f"max_version must be a (major, minor) tuple of ints, not "
+                                f"{max_version!r}")
+            versioned = max_version[0] >= 1
+        mine = self.stream or 1  # the lend's stream; 0 (default) is the legacy one
+        if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int)):
+            raise TypeError(f"stream must be an int or None, not {type(stream).__name__}")
+        rt = self.array.runtime
+        if dev[0] == _KDLCPU:
+            if stream is not None:
+                raise BufferError("stream must be None for a host (kDLCPU) array")
+            rt.wait_stream(self.stream or None)
+        elif stream == 0:
+            raise BufferError("stream 0 is ambiguous in DLPack: pass 1 (legacy default) or "
+                              "2 (per-thread default)")
+        elif stream != -1 and (1 if stream is None else stream) != mine:
+            rt.wait_stream(self.stream or None)
+        a = self.array
+        item = a.dtype.itemsize
+        return _c._dlpack_capsule(self.ptr, a.shape, tuple(st // item for st in a.strides),
+                                  _DLPACK_CODES[a.dtype.kind], item * 8, dev[0], dev[1],
+                                  self.readonly, versioned)
+
+    def _end(self) -> None:
+        self._live = False
+
+
+def lend(arr: DeferrableArray, stream: StreamLike = None,
+         read: bool = False) -> "contextlib.AbstractContextManager[DeviceView]":
+    """``with spillway.lend(arr, stream) as view:``: `arr` locked on `stream` for the block,
+    as a :class:`DeviceView` that CuPy, PyTorch and Numba read through
+    ``__cuda_array_interface__`` or DLPack. TypeError for what is not a DeferrableArray."""
+    if not isinstance(arr, DeferrableArray):
+        raise TypeError(f"expected a spillway.DeferrableArray, not {type(arr).__name__}")
+    return arr.lend_pointer(stream, read)

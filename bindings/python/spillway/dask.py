@@ -46,7 +46,8 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
-from ._runtime import Buffer, Runtime
+from . import process as _process
+from ._runtime import Backend, Buffer, Runtime
 from .array import DeferrableArray
 from .controller import Controller
 
@@ -293,8 +294,12 @@ class _Releases:
 
 
 class _WorkerState:
-    def __init__(self, worker: Any, rt: Runtime, policy: Optional[DaskPolicy]) -> None:
+    def __init__(self, worker: Any, rt: Runtime, policy: Optional[DaskPolicy],
+                 shared_device: Optional[int] = None) -> None:
         self.worker = weakref.ref(worker)
+        # The device whose process-wide runtime (spillway.process) this worker took, or None
+        # for a runtime of its own.
+        self.shared_device = shared_device
         self.address = worker.address
         self.runtime = rt
         self.policy = policy
@@ -313,16 +318,19 @@ class SpillwayPlugin(WorkerPlugin):
     worker's Dask configuration ``spillway.<name with dashes>``, else its SPILLWAY_*
     variable. ``policy=False`` leaves victim choice to least recently used; ``numba=False``
     does not install the Numba EMM plugin (it is installed only on the CUDA backend, and
-    only if numba-cuda is there)."""
+    only if numba-cuda is there). ``shared=False`` gives the worker a runtime of its own
+    instead of the process's shared one (spillway.process), and installs no Numba plugin."""
 
     name = "spillway"
     idempotent = True
     _worker: Optional["weakref.ref[Any]"] = None
 
-    def __init__(self, *, policy: bool = True, numba: bool = True, **runtime_kwargs: Any) -> None:
+    def __init__(self, *, policy: bool = True, numba: bool = True, shared: bool = True,
+                 **runtime_kwargs: Any) -> None:
         self._worker = None
         self.policy = policy
         self.numba = numba
+        self.shared = shared
         self.kwargs = runtime_kwargs
 
     def _config(self, worker: Any) -> Dict[str, Any]:
@@ -339,23 +347,31 @@ class SpillwayPlugin(WorkerPlugin):
             kw["spill_dir"] = d
         return kw
 
-    def _runtime(self, kw: Dict[str, Any]) -> Runtime:
-        if self.numba and kw.get("backend") not in ("host",):
+    def _runtime(self, kw: Dict[str, Any]) -> Tuple[Runtime, Optional[int]]:
+        """The worker's runtime, and the device whose shared runtime it is (or None).
+
+        By default (``shared=True``) the worker takes the process's shared runtime
+        (spillway.process), configured from its keywords, so that tasks using CuPy,
+        PyTorch, cuda.core or Numba through Spillway's allocators share the worker's budget.
+        If the process already has one (another in-process worker's, or the program's own
+        use), the worker gets a runtime of its own instead."""
+        if not self.shared:
+            return Runtime(**kw), None
+        device_id = int(kw.get("device") or 0)
+        try:
+            _process.configure(**{k: v for k, v in kw.items() if k != "device"})
+        except RuntimeError:
+            return Runtime(**kw), None
+        rt = _process.runtime(device_id)
+        if self.numba and rt.backend == Backend.CUDA:
             try:
                 from numba import cuda
                 if cuda.is_available():
                     import spillway.numba as sn
-                    try:
-                        sn.configure(**kw)
-                    except RuntimeError:
-                        # Numba already has its runtime in this process (another in-process
-                        # worker, or the program's own use): this worker gets its own.
-                        return Runtime(**kw)
                     cuda.set_memory_manager(sn.SpillwayNumbaManager)
-                    return sn.runtime()
             except ImportError:
                 pass
-        return Runtime(**kw)
+        return rt, device_id
 
     def setup(self, worker: Any) -> None:
         if getattr(worker, _ATTR, None) is not None:
@@ -371,11 +387,11 @@ class SpillwayPlugin(WorkerPlugin):
                     worker.plugins[name] = bound
             return bound.setup(worker)
         kw = self._config(worker)
-        rt = self._runtime(kw)
+        rt, shared_device = self._runtime(kw)
         policy = DaskPolicy() if self.policy else None
         if policy is not None:
             rt.set_controller(policy)
-        state = _WorkerState(worker, rt, policy)
+        state = _WorkerState(worker, rt, policy, shared_device)
         setattr(worker, _ATTR, state)
         with _states_lock:
             _states.add(state)
@@ -422,11 +438,17 @@ class SpillwayPlugin(WorkerPlugin):
         rt = state.runtime
         try:
             rt.set_controller(None)
+            if state.shared_device is None:
+                rt.close()
+                return
             import sys
-            sn = sys.modules.get("spillway.numba")
-            if sn is not None and rt in [d.runtime for d in list(sn._devices.values())]:
-                return  # Numba's runtime: it lives as long as Numba's context
-            rt.close()
+            if rt.backend == Backend.CUDA and "spillway.numba" in sys.modules:
+                return  # Numba's runtime too: it lives as long as Numba's context
+            if _process.reset(state.shared_device):
+                try:
+                    _process.configure()  # the next worker configures it afresh
+                except RuntimeError:
+                    pass
         except Exception as e:  # keep the worker's shutdown going
             log.warning("spillway: worker %s: runtime not destroyed: %s", state.address, e)
 

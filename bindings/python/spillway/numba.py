@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import threading
-import warnings
 import weakref
 from typing import Any, Dict, Iterator, Optional
 
@@ -32,7 +30,8 @@ from numba.cuda.cudadrv.driver import (CudaAPIError, HostOnlyCUDAMemoryManager, 
                                        MemoryPointer)
 
 from . import _spillway as _c
-from ._errors import BusyError, OutOfMemoryError, UnsupportedError
+from . import process as _process
+from ._errors import OutOfMemoryError, UnsupportedError
 from ._runtime import Runtime, StreamLike
 from .array import DeferrableArray, ReadOnly
 
@@ -54,31 +53,20 @@ if hasattr(_devicearray, "_to_strided_memory_view") and hasattr(
 
 
 # -- the shared runtime of each device ---------------------------------------------------
-class _Device:
-    """The runtime of one device and the stream that holds Numba's exposure locks."""
-
-    __slots__ = ("runtime", "expose", "expose_handle")
-
-    def __init__(self, device_id: int, config: Dict[str, Any]) -> None:
-        self.runtime = Runtime(device=device_id, **config)
-        self.expose = self.runtime.stream()
-        self.expose_handle = self.expose.handle
-
-
-_devices: Dict[int, _Device] = {}
-_devices_lock = threading.Lock()
-_config: Dict[str, Any] = {}
+# The runtimes are the process's (spillway.process), shared with the CuPy, PyTorch and
+# cuda.core allocators, so that Numba memory, their memory and deferrable arrays have one
+# budget.
+_Device = _process.Device
 
 
 def configure(**config: Any) -> None:
-    """Sets the keyword configuration (as for spillway.Runtime) of the runtimes this module
-    creates; call it before the first CUDA use. SPILLWAY_* variables apply to what is not
-    set here."""
-    with _devices_lock:
-        if _devices:
-            raise RuntimeError("spillway.numba.configure() must come before the first use")
-        _config.clear()
-        _config.update(config)
+    """Sets the keyword configuration (as for spillway.Runtime) of the process's shared
+    runtimes (spillway.process.configure); call it before the first CUDA use. SPILLWAY_*
+    variables apply to what is not set here."""
+    try:
+        _process.configure(**config)
+    except RuntimeError:
+        raise RuntimeError("spillway.numba.configure() must come before the first use") from None
 
 
 def _ordinal(device: Any) -> int:
@@ -89,13 +77,7 @@ def _ordinal(device: Any) -> int:
 
 
 def _device(device_id: int) -> _Device:
-    d = _devices.get(device_id)
-    if d is None:
-        with _devices_lock:
-            d = _devices.get(device_id)
-            if d is None:
-                d = _devices[device_id] = _Device(device_id, _config)
-    return d
+    return _process.device(device_id)
 
 
 def _current() -> _Device:
@@ -110,17 +92,9 @@ def runtime(device: Optional[int] = None) -> Runtime:
 
 def _reset_device(device_id: int) -> None:
     """The CUDA context of the device is about to be destroyed (numba.cuda.close()): every
-    buffer of its runtime dies with it. Release the exposure locks and close the runtime;
-    the next use creates a new one."""
-    with _devices_lock:
-        d = _devices.pop(device_id, None)
-    if d is None:
-        return
-    try:
-        d.runtime.close()  # synchronizes its streams (the exposure stream too) first
-    except BusyError as e:
-        warnings.warn(f"spillway: the runtime of device {device_id} still has locked buffers "
-                      f"at a CUDA context reset; it is abandoned ({e})", RuntimeWarning)
+    buffer of its runtime dies with it, the other libraries' memory included. Release the
+    exposure locks and close the runtime; the next use creates a new one."""
+    _process.reset(device_id)
 
 
 # -- the EMM plugin ------------------------------------------------------------------------
@@ -181,9 +155,12 @@ class SpillwayNumbaManager(HostOnlyCUDAMemoryManager):
         try:
             h, ptr = rt._numba_alloc(size, d.expose_handle)
         except OutOfMemoryError as e:
+            _process._failed("numba", d.id)
             raise SpillwayOutOfMemoryError(str(e), e.status, e.detail) from None
+        _process._allocated("numba", d.id, size)
         return MemoryPointer(ctx, _cu.CUdeviceptr(ptr), size,
-                             finalizer=functools.partial(rt._numba_free, h, d.expose_handle))
+                             finalizer=functools.partial(_numba_free, rt, h, d.expose_handle,
+                                                         d.id, size))
 
     def get_memory_info(self) -> MemoryInfo:
         s = self._device_state().runtime.stats()
@@ -212,6 +189,11 @@ class SpillwayNumbaManager(HostOnlyCUDAMemoryManager):
     @property
     def interface_version(self) -> int:
         return 1
+
+
+def _numba_free(rt: Runtime, h: int, expose: int, device_id: int, size: int) -> None:
+    _process._freed("numba", device_id, size)
+    rt._numba_free(h, expose)
 
 
 #: Read by Numba when NUMBA_CUDA_MEMORY_MANAGER=spillway.numba.

@@ -9,6 +9,7 @@
  *   buffer.c     Buffer (one handle, freed when collected) and Lock (a context manager)
  *   launch.c     Numba's launch pieces (LaunchLocks, LaunchView, LaunchExtensionBase)
  *   controller.c ControllerLink and the controller trampolines
+ *   dlpack.c     DLPack capsules of lent arrays; the call table of the PyTorch allocator
  *   module.c     assembles the module: types, functions, constants, enumerations
  *
  * GIL rule: a call that can wait on Spillway (an acquire of a buffer that is not on the
@@ -89,6 +90,10 @@ PyObject *spwpy_set_finalizing(PyObject *self, PyObject *noargs);
 PyObject *spwpy_err_name(PyObject *self, PyObject *arg);
 PyObject *spwpy_strerror(PyObject *self, PyObject *arg);
 PyObject *spwpy_stream_handle(PyObject *self, PyObject *arg);
+/* dlpack.c: _dlpack_capsule(...), _dlpack_live(), _c_api_address(). */
+PyObject *spwpy_dlpack_capsule(PyObject *self, PyObject *args);
+PyObject *spwpy_dlpack_live(PyObject *self, PyObject *noargs);
+PyObject *spwpy_c_api_address(PyObject *self, PyObject *noargs);
 
 /* > 0 on a thread running a controller method (controller.c): there, calls that would wait
  * on a runtime raise WouldDeadlockError instead of waiting. */

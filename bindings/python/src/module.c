@@ -17,6 +17,12 @@ static PyMethodDef module_methods[] = {
      "parse_size(value) -> int: bytes from None (0, unset), an int in [0, 2**64-1], or a "
      "string in the SPILLWAY_* size syntax (spw_parse_size: \"1.5GiB\", \"512 k\"). "
      "ConfigError for a value out of range or a bad string, TypeError for another type."},
+    {"_dlpack_capsule", spwpy_dlpack_capsule, METH_VARARGS,
+     "A DLPack capsule describing locked memory (spillway.DeviceView.__dlpack__)."},
+    {"_dlpack_live", spwpy_dlpack_live, METH_NOARGS,
+     "DLPack tensors made here whose deleter has not run yet."},
+    {"_c_api_address", spwpy_c_api_address, METH_NOARGS,
+     "Address of the call table given to the PyTorch allocator library (capi.h)."},
     {NULL, NULL, 0, NULL},
 };
 
