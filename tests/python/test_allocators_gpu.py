@@ -1,0 +1,196 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Spillway as the allocator of CuPy, PyTorch and cuda.core, and deferrable arrays lent to
+them through DLPack, on a GPU (marked ``gpu``; each test also skips without its library).
+
+The process's shared runtime has the conftest's small budget (SPILLWAY_GPU_TEST_LIMIT,
+256 MiB), so deferrable arrays 3x that size oversubscribe it, and the libraries'
+allocations succeed only by spilling them. Tests that must install an allocator before the
+library's first CUDA allocation (PyTorch's change_current_allocator, all three libraries in
+one process) run in a fresh interpreter."""
+import gc
+import textwrap
+
+import numpy as np
+import pytest
+
+from conftest import GPU_LIMIT, HAVE_GPU, run_python
+
+pytestmark = pytest.mark.gpu
+
+MiB = 1 << 20
+
+
+def _fill(rt, n_bytes):
+    """Deferrable arrays of 8 MiB holding n_bytes together, each filled with its index."""
+    import spillway
+    return [spillway.DeferrableArray.from_host(rt, np.full(2 * MiB, i, np.float32))
+            for i in range(n_bytes // (8 * MiB))]
+
+
+def _check(arrays):
+    for i, a in enumerate(arrays):
+        assert (a.copy_to_host() == i).all(), f"array {i} changed"
+
+
+@pytest.fixture
+def cupy():
+    if not HAVE_GPU:
+        pytest.skip("no GPU")
+    return pytest.importorskip("cupy")
+
+
+@pytest.fixture
+def torch():
+    if not HAVE_GPU:
+        pytest.skip("no GPU")
+    t = pytest.importorskip("torch")
+    if not t.cuda.is_available():
+        pytest.skip("PyTorch sees no CUDA device")
+    return t
+
+
+def test_cupy_allocations_succeed_by_spilling_deferrable_arrays(cupy):
+    import spillway.cupy as sc
+    import spillway.process as P
+    dev = cupy.cuda.runtime.getDevice()
+    rt = P.runtime(dev)
+    arrays = _fill(rt, 3 * GPU_LIMIT)
+    before = rt.stats().spills_on_demand
+    with cupy.cuda.using_allocator(sc.malloc):
+        x = cupy.arange(GPU_LIMIT // 8, dtype=cupy.float32)  # a quarter of the budget
+        y = x * 2
+        assert P.usage(dev)["cupy"]["live"] >= 2
+        assert float(y[-1]) == 2.0 * (GPU_LIMIT // 8 - 1)
+        del x, y
+    cupy.cuda.Device().synchronize()
+    assert rt.stats().spills_on_demand > before
+    _check(arrays)
+
+
+def test_cupy_out_of_memory_when_nothing_can_be_spilled_names_the_locked_bytes(cupy):
+    import spillway.cupy as sc
+    import spillway.process as P
+    dev = cupy.cuda.runtime.getDevice()
+    held = []
+    with cupy.cuda.using_allocator(sc.malloc):
+        with pytest.raises(sc.SpillwayCupyOutOfMemoryError, match="locked") as e:
+            for _ in range(2 * GPU_LIMIT // (16 * MiB)):
+                held.append(cupy.empty(16 * MiB, dtype=cupy.uint8))
+    assert isinstance(e.value, cupy.cuda.memory.OutOfMemoryError)
+    assert P.usage(dev)["cupy"]["failures"] >= 1
+    del held
+
+
+def test_torch_mem_pool_allocates_from_the_shared_budget(torch):
+    import spillway.process as P
+    import spillway.torch as st
+    dev = torch.cuda.current_device()
+    rt = P.runtime(dev)
+    arrays = _fill(rt, 3 * GPU_LIMIT)
+    pool = st.mem_pool()
+    with torch.cuda.use_mem_pool(pool):
+        t = torch.ones(GPU_LIMIT // 16, device="cuda")  # a quarter of the budget
+        assert float(t.sum()) == GPU_LIMIT // 16
+        assert st.usage(dev)["live"] >= 1
+        del t
+    torch.cuda.synchronize()
+    _check(arrays)
+
+
+TORCH_INSTALLED = textwrap.dedent("""
+    import numpy as np, torch, spillway, spillway.process as P, spillway.torch as st
+    P.configure(device_limit={limit})
+    st.install()                                   # before PyTorch's first CUDA allocation
+    rt = P.runtime(torch.cuda.current_device())
+    arrays = [spillway.DeferrableArray.from_host(rt, np.full(2 << 20, i, np.float32))
+              for i in range(3 * {limit} // (8 << 20))]
+    t = torch.ones({limit} // 16, device="cuda") * 3   # needs room: spills deferrable arrays
+    assert float(t.sum()) == 3 * ({limit} // 16), float(t.sum())
+    assert rt.stats().spills_on_demand > 0
+    for i, a in enumerate(arrays):
+        assert (a.copy_to_host() == i).all()
+    held = []
+    try:
+        while True:                                 # nothing can be spilled: PyTorch's OOM
+            held.append(torch.empty(16 << 20, dtype=torch.uint8, device="cuda"))
+    except torch.cuda.OutOfMemoryError:
+        pass
+    assert st.usage()["last_status"] == spillway._spillway.SPW_ERR_OUT_OF_MEMORY
+    print("OK", P.usage(torch.cuda.current_device())["torch"])
+""")
+
+
+def test_torch_as_the_allocator_spills_deferrable_arrays_and_fails_cleanly(torch):
+    r = run_python(TORCH_INSTALLED.format(limit=GPU_LIMIT), timeout=300)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+
+
+ALL_THREE = textwrap.dedent("""
+    import numpy as np, cupy, torch
+    from numba import cuda
+    import spillway, spillway.numba as sn, spillway.process as P, spillway.torch as st
+    import spillway.cupy as sc
+    P.configure(device_limit={limit})
+    st.install()
+    cupy.cuda.set_allocator(sc.malloc)
+    dev = torch.cuda.current_device()
+    rt = P.runtime(dev)
+    arrays = [sn.to_device(np.full(2 << 20, i, np.float32)) for i in range(3 * {limit} // (8 << 20))]
+    q = {limit} // 16                                   # float32 elements: a quarter of the budget
+    n = cuda.to_device(np.ones(q, np.float32))          # Numba, through the EMM plugin
+    c = cupy.full(q, 2, dtype=cupy.float32)             # CuPy
+    t = torch.full((q,), 3.0, device="cuda")            # PyTorch
+    s = float(t.sum()) + float(c.sum()) + float(n.copy_to_host().sum())
+    assert s == 6.0 * q, s
+    for i, a in enumerate(arrays):
+        assert (a.copy_to_host() == i).all()
+    u = P.usage(dev)
+    assert u["numba"]["live"] >= 1 and u["cupy"]["live"] >= 1 and u["torch"]["live"] >= 1, u
+    assert rt.stats().spills_on_demand > 0
+    print("OK", {{k: v["live_bytes"] for k, v in u.items()}})
+""")
+
+
+def test_numba_cupy_and_torch_share_one_budget_in_one_process(cupy, torch):
+    r = run_python(ALL_THREE.format(limit=GPU_LIMIT),
+                   env={"NUMBA_CUDA_MEMORY_MANAGER": "spillway.numba"}, timeout=300)
+    assert r.returncode == 0 and "OK" in r.stdout, r.stdout + r.stderr
+
+
+def test_cuda_core_buffers_come_from_the_shared_budget():
+    if not HAVE_GPU:
+        pytest.skip("no GPU")
+    core = pytest.importorskip("cuda.core")
+    import spillway.process as P
+    from spillway.cuda_core import SpillwayMemoryResource
+    d = core.Device()
+    d.set_current()
+    mr = SpillwayMemoryResource(d.device_id)
+    assert mr.is_device_accessible and not mr.is_host_accessible
+    before = P.usage(d.device_id)["cuda.core"]["live"]
+    buf = mr.allocate(MiB, stream=d.default_stream)
+    assert buf.size == MiB and buf.memory_resource is mr
+    assert P.usage(d.device_id)["cuda.core"]["live"] == before + 1
+    buf.close()
+    gc.collect()
+    assert P.usage(d.device_id)["cuda.core"]["live"] == before
+
+
+def test_torch_and_cupy_read_a_lent_array_zero_copy_through_dlpack(cupy, torch):
+    import spillway
+    import spillway.process as P
+    rt = P.runtime(torch.cuda.current_device())
+    a = spillway.DeferrableArray.from_host(rt, np.arange(1024, dtype=np.float32))
+    with spillway.lend(a) as v:
+        assert v.__dlpack_device__() == (2, rt.device)
+        t = torch.from_dlpack(v)
+        assert t.data_ptr() == v.ptr
+        t.mul_(2)
+        c = cupy.from_dlpack(v)
+        assert c.data.ptr == v.ptr
+        c += 1
+        torch.cuda.synchronize()
+        del t, c
+    assert (a.copy_to_host() == np.arange(1024, dtype=np.float32) * 2 + 1).all()
+    with pytest.raises(BufferError):
+        torch.from_dlpack(v)
