@@ -394,10 +394,10 @@ class DeviceView:
         Python array API specifies it). `stream` is the consumer's: on CUDA None or 1 is
         the legacy default stream, 2 the per-thread default stream, another int a
         cudaStream_t, -1 no ordering; 0 is refused (ambiguous). Unless it is the lend's own
-        stream (or -1), this call waits until the work queued on the lend's stream has
-        completed, so the data is ready on any stream (Spillway's C API has no event call
-        to order the two streams without waiting). On the host backend `stream` must be
-        None and the call waits the same way. `max_version` (major, minor) with major >= 1
+        stream (or -1), the consumer's stream is made to wait for the work queued on the
+        lend's stream so far (a CUDA event; the host does not wait). On the host backend
+        `stream` must be None, and the call waits for the lend's stream (its streams are
+        threads). `max_version` (major, minor) with major >= 1
         gives a versioned capsule (DLManagedTensorVersioned, read-only flag set for a
         read-only lend), else the legacy one. `dl_device` other than __dlpack_device__()
         and ``copy=True`` raise BufferError (no copies are made here). The capsule holds no
@@ -425,12 +425,12 @@ class DeviceView:
         if dev[0] == _KDLCPU:
             if stream is not None:
                 raise BufferError("stream must be None for a host (kDLCPU) array")
-            rt.wait_stream(self.stream or None)
+            rt._order_streams(None, self.stream or None, dev[1])  # waits: streams are threads
         elif stream == 0:
             raise BufferError("stream 0 is ambiguous in DLPack: pass 1 (legacy default) or "
                               "2 (per-thread default)")
         elif stream != -1 and (1 if stream is None else stream) != mine:
-            rt.wait_stream(self.stream or None)
+            rt._order_streams(1 if stream is None else stream, mine, dev[1])
         a = self.array
         item = a.dtype.itemsize
         return _c._dlpack_capsule(self.ptr, a.shape, tuple(st // item for st in a.strides),

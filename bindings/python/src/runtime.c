@@ -11,6 +11,10 @@
 
 #include "binding.h"
 
+#ifdef SPWPY_HAVE_CUDA
+#include <cuda_runtime_api.h>
+#endif
+
 #define R(self) ((spwpy_runtime_t *)(self))
 #define LIVE(r)                                                                              \
   do {                                                                                       \
@@ -610,6 +614,65 @@ static PyObject *runtime_wait_stream(PyObject *self, PyObject *const *args, Py_s
   Py_RETURN_NONE;
 }
 
+#ifdef SPWPY_HAVE_CUDA
+/* Makes `consumer` wait for the work queued on `producer` so far, without blocking the host:
+ * an event recorded on one and waited on by the other, on `device` (the thread's current
+ * device is put back afterwards, so the caller's CUDA state is untouched). */
+static int order_on_device(int device, spw_stream_t consumer, spw_stream_t producer,
+                           char *why, size_t whylen) {
+  int prev = -1;
+  cudaEvent_t ev = NULL;
+  cudaError_t e = cudaGetDevice(&prev);
+  if (e == cudaSuccess && prev != device) e = cudaSetDevice(device);
+  if (e == cudaSuccess) e = cudaEventCreateWithFlags(&ev, cudaEventDisableTiming);
+  if (e == cudaSuccess) e = cudaEventRecord(ev, (cudaStream_t)producer);
+  if (e == cudaSuccess) e = cudaStreamWaitEvent((cudaStream_t)consumer, ev, 0);
+  if (ev) {
+    cudaError_t e2 = cudaEventDestroy(ev); /* released once the wait no longer needs it */
+    if (e == cudaSuccess) e = e2;
+  }
+  if (prev >= 0 && prev != device) (void)cudaSetDevice(prev);
+  if (e != cudaSuccess) {
+    snprintf(why, whylen, "%s: %s", cudaGetErrorName(e), cudaGetErrorString(e));
+    return SPW_ERR_CUDA;
+  }
+  return SPW_OK;
+}
+#endif
+
+/* _order_streams(consumer, producer, device): makes the data written by work queued on
+ * `producer` so far ready for work queued on `consumer` from now on (DLPack's rule for
+ * __dlpack__(stream=...)). On the CUDA backend an event orders the two streams and nothing
+ * waits; on the host backend, whose streams are threads, the call waits for `producer`
+ * (GIL released). Errors: InvalidStreamError, CudaError (the detail names the call). */
+static PyObject *runtime_order_streams(PyObject *self, PyObject *args) {
+  spwpy_runtime_t *r = R(self);
+  PyObject *cobj, *pobj;
+  int device;
+  if (!PyArg_ParseTuple(args, "OOi", &cobj, &pobj, &device)) return NULL;
+  spw_stream_t consumer, producer;
+  if (spwpy_stream_from(cobj, &consumer) < 0 || spwpy_stream_from(pobj, &producer) < 0)
+    return NULL;
+  LIVE(r);
+#ifdef SPWPY_HAVE_CUDA
+  if (r->backend == SPW_BACKEND_CUDA) {
+    char why[256] = "";
+    int st;
+    Py_BEGIN_ALLOW_THREADS
+    st = order_on_device(device, consumer, producer, why, sizeof why);
+    Py_END_ALLOW_THREADS
+    if (st != SPW_OK) return spwpy_raise_detail(st, why);
+    Py_RETURN_NONE;
+  }
+#endif
+  (void)device;
+  (void)consumer;
+  if (spwpy_refuse_in_callback()) return NULL;
+  int st = wait_stream(r, producer);
+  if (st != SPW_OK) return spwpy_raise(r->rt, st);
+  Py_RETURN_NONE;
+}
+
 typedef struct memcpy_args {
   void *dst;
   const void *src;
@@ -755,6 +818,7 @@ static PyMethodDef runtime_methods[] = {
     {"_expose_alloc", runtime_expose_alloc, METH_VARARGS, NULL},
     {"_expose_free", runtime_expose_free, METH_VARARGS, NULL},
     {"_address", runtime_address, METH_NOARGS, NULL},
+    {"_order_streams", runtime_order_streams, METH_VARARGS, NULL},
     {"_ctl_install", spwpy_runtime_ctl_install, METH_VARARGS, NULL},
     {"_spill_handles", spwpy_runtime_spill_handles, METH_VARARGS, NULL},
     {"_prefetch_handles", spwpy_runtime_prefetch_handles, METH_VARARGS, NULL},
