@@ -15,6 +15,10 @@
 #   tests/python/run_gpu.sh fuzz            the hostile-input tests and the Hypothesis fuzzing
 #                                           of the API on the CUDA backend (needs hypothesis
 #                                           and sortedcontainers wheels in .whl/)
+#   tests/python/run_gpu.sh allocators      the CuPy, PyTorch and cuda.core allocators and
+#                                           DLPack lending on the GPU (test_allocators_gpu.py),
+#                                           then bench/python/bench_allocators.py (RMM's
+#                                           allocators only if its wheels are in .whl/)
 #
 # Every phase after `install` expects it to have run on the same machine (a fresh machine
 # needs `install` again). Results go to $OUT (default $SPW_GPU_LOGS/python, the log
@@ -115,6 +119,16 @@ fuzz)
     tests/python/test_fuzz.py >"$out/fuzz-tests.log" 2>&1
   echo "fuzz tests rc=$?: $(tail -1 "$out/fuzz-tests.log")"
   grep -E "^(FAILED|ERROR|SKIPPED)|fuzz seed" "$out/fuzz-tests.log" | head -20
+  ;;
+allocators)
+  timeout 400 python3 -m pytest -q -rs -p no:cacheprovider --timeout 300 \
+    --junitxml="$out/allocators-tests.xml" tests/python/test_allocators_gpu.py \
+    tests/python/test_dlpack.py >"$out/allocators-tests.log" 2>&1
+  echo "allocator tests rc=$?: $(tail -1 "$out/allocators-tests.log")"
+  grep -E "^(FAILED|ERROR|SKIPPED)" "$out/allocators-tests.log" | head -20
+  timeout 180 python3 bench/python/bench_allocators.py --json "$out/bench_allocators.json" \
+    >"$out/bench_allocators.txt" 2>&1
+  echo "== allocators bench rc=$?"; tail -24 "$out/bench_allocators.txt"
   ;;
 suite-builtin) suite builtin default ;;
 suite-spillway) suite spillway spillway.numba ;;

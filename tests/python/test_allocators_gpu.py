@@ -194,3 +194,20 @@ def test_torch_and_cupy_read_a_lent_array_zero_copy_through_dlpack(cupy, torch):
     assert (a.copy_to_host() == np.arange(1024, dtype=np.float32) * 2 + 1).all()
     with pytest.raises(BufferError):
         torch.from_dlpack(v)
+
+
+def test_a_consumer_on_another_stream_is_ordered_after_the_lend_stream(torch):
+    import spillway
+    import spillway.process as P
+    rt = P.runtime(torch.cuda.current_device())
+    s = rt.stream()
+    n = 1 << 24
+    a = spillway.DeferrableArray(rt, n, np.float32, stream=s)
+    src = np.full(n, 5, np.float32)
+    with spillway.lend(a, s) as v:
+        rt.memcpy(v.ptr, src.ctypes.data, src.nbytes, s, wait=False)  # queued on `s`
+        t = torch.from_dlpack(v)  # PyTorch's stream waits for `s` (a CUDA event)
+        assert float(t.sum()) == 5.0 * n
+        del t
+    s.synchronize()
+    a.free()
