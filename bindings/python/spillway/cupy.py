@@ -41,12 +41,12 @@ def malloc(size: int) -> Any:
     """The allocator function for ``cupy.cuda.set_allocator`` / ``using_allocator``:
     `size` bytes on CuPy's current device, stream-ordered on CuPy's current stream (CuPy
     passes no stream; its documentation says to use the current one), returned as a
-    ``cupy.cuda.MemoryPointer``. When CuPy drops the memory, it is freed in order on that
+    ``cupy.cuda.memory.MemoryPointer``. When CuPy drops the memory, it is freed in order on that
     same stream, as CuPy's own pool does. Raises SpillwayCupyOutOfMemoryError when what
     remains of the budget is locked, TypeError for a size that is not an int,
     InvalidArgumentError for a negative one."""
     if size == 0 and isinstance(size, int) and not isinstance(size, bool):
-        return cupy.cuda.MemoryPointer(cupy.cuda.memory.Memory(0), 0)
+        return cupy.cuda.memory.MemoryPointer(cupy.cuda.memory.Memory(0), 0)
     dev = cupy.cuda.runtime.getDevice()
     stream = cupy.cuda.get_current_stream()
     try:
@@ -55,5 +55,5 @@ def malloc(size: int) -> Any:
         raise SpillwayCupyOutOfMemoryError(str(e), e.status, e.detail) from None
     # The Allocation is the owner: CuPy keeps it while any array uses the memory, and its
     # release frees the buffer.
-    mem = cupy.cuda.UnownedMemory(a.ptr, a.size, a, dev)
-    return cupy.cuda.MemoryPointer(mem, 0)
+    mem = cupy.cuda.memory.UnownedMemory(a.ptr, a.size, a, dev)
+    return cupy.cuda.memory.MemoryPointer(mem, 0)
