@@ -136,6 +136,24 @@ def test_in_process_workers_export_metrics_and_leave_nothing_behind(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
+def test_the_first_in_process_worker_takes_the_process_runtime_and_gives_it_back(tmp_path):
+    import spillway.process as P
+    if P.existing(0) is not None:
+        pytest.skip("this process already uses its shared runtime (the GPU tests' own)")
+    prior = P.configuration()
+    plugin = SpillwayPlugin(backend=BACKEND, device_limit=BUDGET, spill_dir=str(tmp_path),
+                            log_level="error")
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=None, plugins={plugin}) as cluster:
+        with Client(cluster):
+            rts = [spillway.dask.runtime(w) for w in cluster.workers.values()]
+            shared = P.existing(0)
+            assert shared is not None and sum(rt is shared.runtime for rt in rts) == 1
+    assert P.existing(0) is None  # closed with the worker that took it
+    assert P.configuration() == prior
+    assert all(rt.closed for rt in rts)
+
+
 def test_the_policy_spills_keys_without_pending_dependents_first():
     """DaskPolicy's order on a worker's task graph: keys whose dependents all ran come
     first, then the key whose next dependent runs latest."""

@@ -358,6 +358,7 @@ class SpillwayPlugin(WorkerPlugin):
         if not self.shared:
             return Runtime(**kw), None
         device_id = int(kw.get("device") or 0)
+        self._prior_config = _process.configuration()
         try:
             _process.configure(**{k: v for k, v in kw.items() if k != "device"})
         except RuntimeError:
@@ -445,8 +446,8 @@ class SpillwayPlugin(WorkerPlugin):
             if rt.backend == Backend.CUDA and "spillway.numba" in sys.modules:
                 return  # Numba's runtime too: it lives as long as Numba's context
             if _process.reset(state.shared_device):
-                try:
-                    _process.configure()  # the next worker configures it afresh
+                try:  # what the process had before this worker configured it
+                    _process.configure(**getattr(self, "_prior_config", {}))
                 except RuntimeError:
                     pass
         except Exception as e:  # keep the worker's shutdown going

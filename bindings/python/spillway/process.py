@@ -24,7 +24,7 @@ from . import _spillway as _c
 from ._errors import BusyError
 from ._runtime import Runtime, StreamLike
 
-__all__ = ["configure", "device", "runtime", "existing", "reset", "usage", "allocate",
+__all__ = ["configure", "configuration", "device", "runtime", "existing", "reset", "usage", "allocate",
            "Allocation", "LIBRARIES", "Device"]
 
 #: The libraries whose allocations usage() counts (besides deferrable arrays).
@@ -78,6 +78,12 @@ def configure(**config: Any) -> None:
                                "of a shared runtime")
         _config.clear()
         _config.update(config)
+
+
+def configuration() -> Dict[str, Any]:
+    """A copy of the keywords configure() set (empty: the SPILLWAY_* variables alone)."""
+    with _lock:
+        return dict(_config)
 
 
 def device(device_id: int = 0) -> Device:
