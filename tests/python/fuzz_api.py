@@ -255,6 +255,43 @@ class ApiMachine(RuleBasedStateMachine):
             call(a.copy_to_host)
             a.free()
 
+    @rule(data=st.data(), read=st.booleans(),
+          stream=st.one_of(st.none(), hostile), max_version=st.one_of(
+              st.none(), st.tuples(st.integers(-1, 3), st.integers(-1, 3)), hostile),
+          dl_device=st.one_of(st.none(), st.tuples(st.integers(0, 3), st.integers(0, 2)),
+                              hostile),
+          copy=st.one_of(st.none(), st.booleans(), hostile))
+    def lend_through_dlpack(self, data, read, stream, max_version, dl_device, copy):
+        """A lent view's DLPack export with hostile arguments: a documented error or a
+        capsule; every capsule's deleter runs (consumed or not); after the lend, every
+        protocol is BufferError."""
+        a = call(spillway.DeferrableArray.from_host, self.rt,
+                 np.arange(data.draw(st.integers(0, 64)), dtype=np.int32))
+        if a is None:
+            return
+        before = spillway._spillway._dlpack_live()
+        view = None
+        lend_stream = data.draw(st.sampled_from(self.streams), label="lend stream")
+        with a.lend(lend_stream, read) as view:  # hostile streams: the acquire rules
+            try:
+                cap = view.__dlpack__(stream=stream, max_version=max_version,
+                                      dl_device=dl_device, copy=copy)
+            except DOCUMENTED + (BufferError,):
+                cap = None
+            del cap
+            if BACKEND == "host":
+                x = np.from_dlpack(view)
+                assert x.ctypes.data == view.ptr and x.flags.writeable != read
+                del x
+        assert spillway._spillway._dlpack_live() == before
+        for f in (view.__dlpack__, view.__dlpack_device__):
+            try:
+                f()
+                raise AssertionError("a view used after its lend was not refused")
+            except BufferError:
+                pass
+        a.free()
+
     @rule(data=st.data())
     def controller_calls(self, data):
         c = self.controller
