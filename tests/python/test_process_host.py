@@ -80,6 +80,12 @@ def test_a_device_that_is_not_an_ordinal_is_refused(bad, exc):
         P.usage(bad)
 
 
+def test_a_shared_runtime_refuses_to_be_closed_directly(shared):
+    with pytest.raises(RuntimeError, match="reset"):
+        shared.runtime.close()
+    assert not shared.runtime.closed
+
+
 def test_reset_closes_the_runtime_and_the_next_use_makes_a_new_one(shared):
     old = shared.runtime
     assert P.reset(0)

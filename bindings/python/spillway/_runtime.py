@@ -92,6 +92,9 @@ class Runtime(_c.RuntimeBase):
     :meth:`close`; calls that can wait release the GIL.
     """
 
+    #: True for a device's shared runtime (spillway.process), which only reset() closes.
+    _shared: bool = False
+
     def __init__(self, *, device: Optional[int] = None, backend: Optional[str] = None,
                  device_limit: Union[int, str, None] = None,
                  host_limit: Union[int, str, None] = None,
@@ -214,9 +217,14 @@ class Runtime(_c.RuntimeBase):
         """Destroys the streams this runtime created (each is synchronized first, which
         releases its locks), synchronizes the default stream, then destroys the runtime
         with the GIL released. Raises BusyError (and destroys nothing more) if buffers are
-        still locked on other streams. Buffers of a closed runtime are dead. Idempotent."""
+        still locked on other streams, and RuntimeError for a device's shared runtime
+        (spillway.process.reset closes those). Buffers of a closed runtime are dead.
+        Idempotent."""
         if self.closed:
             return
+        if self._shared:
+            raise RuntimeError("this is a device's shared runtime (spillway.process): libraries "
+                               "hold pointers into it; spillway.process.reset(device) closes it")
         with self._streams_lock:
             streams, self._streams = list(self._streams), set()
         for h in streams:

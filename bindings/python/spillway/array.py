@@ -419,8 +419,10 @@ class DeviceView:
                                 f"{max_version!r}")
             versioned = max_version[0] >= 1
         mine = self.stream or 1  # the lend's stream; 0 (default) is the legacy one
-        if stream is not None and (isinstance(stream, bool) or not isinstance(stream, int)):
-            raise TypeError(f"stream must be an int or None, not {type(stream).__name__}")
+        if stream is not None:
+            if isinstance(stream, bool):
+                raise TypeError("stream must be an int or None, not bool")
+            stream = operator.index(stream)  # TypeError for what is not an int
         rt = self.array.runtime
         if dev[0] == _KDLCPU:
             if stream is not None:

@@ -39,6 +39,9 @@ class Device:
     def __init__(self, device_id: int, config: Dict[str, Any]) -> None:
         self.id = device_id
         self.runtime = Runtime(device=device_id, **config)
+        # Libraries hold raw pointers into it (the PyTorch allocator library holds the
+        # runtime itself): only reset() may close it (Runtime.close refuses).
+        self.runtime._shared = True
         self.expose = self.runtime.stream()
         self.expose_handle = self.expose.handle
 
@@ -129,6 +132,7 @@ def reset(device_id: int) -> bool:
                           f"{e}", RuntimeWarning, stacklevel=2)
             return False
     try:
+        d.runtime._shared = False
         d.runtime.close()
     except BusyError as e:
         warnings.warn(f"spillway: the runtime of device {device_id} still has locked buffers; "
@@ -260,7 +264,10 @@ class Allocation:
 
     def __del__(self) -> None:
         if self._handle:
-            self.free()
+            try:
+                self.free()
+            except Exception:  # noqa: BLE001 - at interpreter exit the module may be gone
+                pass
 
     def __repr__(self) -> str:
         state = "freed" if self.freed else f"0x{self.ptr:x}"
