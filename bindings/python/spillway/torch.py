@@ -4,9 +4,10 @@
     import torch, spillway.torch
     spillway.torch.install()                 # before PyTorch's first CUDA allocation
 
-or, keeping PyTorch's caching allocator and falling back on Spillway when it runs out:
+or, keeping PyTorch's caching allocator for everything else:
 
     pool = spillway.torch.mem_pool()         # torch.cuda.MemPool(..., use_on_oom=True)
+    with torch.cuda.use_mem_pool(pool): ...  # these allocations come from Spillway
 
 The allocator is a small C library shipped in the wheel (libspillway_torch.so, from
 bindings/python/src/torch_alloc.c) that PyTorch's CUDAPluggableAllocator loads by path. It
@@ -151,20 +152,27 @@ def _devices(devices: Optional[Iterable[int]]) -> List[int]:
 
 def install(devices: Optional[Iterable[int]] = None) -> None:
     """Makes Spillway PyTorch's CUDA allocator (``change_current_allocator``), which PyTorch
-    accepts only before its first CUDA allocation. `devices`: the ordinals to serve
-    (default: PyTorch's current device); each gets the process's shared runtime."""
+    accepts only before it initializes CUDA (any torch.cuda call that needs the device, or
+    a first allocation). `devices`: the ordinals to serve (default: PyTorch's current
+    device, read after the swap, since reading it first would initialize CUDA); each gets
+    the process's shared runtime."""
     import torch
-    for d in _devices(devices):
-        register(d)
+    wanted = None if devices is None else [_check(d) for d in devices]
     torch.cuda.memory.change_current_allocator(allocator())
+    for d in _devices(wanted):
+        register(d)
 
 
 def mem_pool(devices: Optional[Iterable[int]] = None) -> Any:
-    """A ``torch.cuda.MemPool`` over Spillway with ``use_on_oom=True``: PyTorch keeps its
-    caching allocator, and an allocation that fails there for lack of memory is served
-    from this pool, after Spillway spilled deferrable buffers to make room. Keep the pool
-    (the module keeps a reference too); allocate into it explicitly with
-    ``torch.cuda.use_mem_pool(pool)``."""
+    """A ``torch.cuda.MemPool`` over Spillway's allocator, with ``use_on_oom=True``.
+    Allocations made inside ``with torch.cuda.use_mem_pool(pool):`` come from Spillway
+    (counted in its budget, spilling deferrable buffers to make room), with PyTorch's
+    caching on top: freed blocks stay cached in the pool, and allocated in Spillway, until
+    PyTorch releases them. Outside that block PyTorch keeps its own caching allocator; when
+    it runs out of memory it may take a free block already cached in this pool (what
+    ``use_on_oom`` does: PyTorch does not ask the pool's allocator for new memory then).
+    Keep the pool (the module keeps a reference too). ``install()`` is the form that puts
+    all of PyTorch's memory on Spillway's budget."""
     import torch
     for d in _devices(devices):
         register(d)
