@@ -81,6 +81,22 @@ def test_cupy_out_of_memory_when_nothing_can_be_spilled_names_the_locked_bytes(c
     del held
 
 
+def test_torch_mem_pool_out_of_memory_is_torch_out_of_memory(torch):
+    import spillway
+    import spillway.torch as st
+    pool = st.mem_pool()
+    held = []
+    with torch.cuda.use_mem_pool(pool):
+        with pytest.raises(torch.cuda.OutOfMemoryError):
+            for _ in range(2 * GPU_LIMIT // (16 * MiB)):
+                held.append(torch.empty(16 * MiB, dtype=torch.uint8, device="cuda"))
+    assert st.usage(torch.cuda.current_device())["last_status"] == \
+        spillway._spillway.SPW_ERR_OUT_OF_MEMORY
+    del held
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
 def test_torch_mem_pool_allocates_from_the_shared_budget(torch):
     import spillway.process as P
     import spillway.torch as st
@@ -111,11 +127,14 @@ TORCH_INSTALLED = textwrap.dedent("""
         assert (a.copy_to_host() == i).all()
     held = []
     try:
-        while True:                                 # nothing can be spilled: PyTorch's OOM
+        while True:               # nothing can be spilled: a RuntimeError with the reason
             held.append(torch.empty(16 << 20, dtype=torch.uint8, device="cuda"))
-    except torch.cuda.OutOfMemoryError:
-        pass
+    except RuntimeError as e:
+        assert "CUDA out of memory (spillway)" in str(e) and "locked" in str(e), str(e)
     assert st.usage()["last_status"] == spillway._spillway.SPW_ERR_OUT_OF_MEMORY
+    del held
+    t2 = torch.ones(1024, device="cuda")            # and PyTorch goes on afterwards
+    assert float(t2.sum()) == 1024.0
     print("OK", P.usage(torch.cuda.current_device())["torch"])
 """)
 

@@ -8,6 +8,8 @@ conftest has configured it for the GPU already, and test_allocators_gpu.py runs 
 behaviours there under real CuPy, PyTorch and cuda.core, so this module is skipped."""
 import ctypes
 import gc
+import shutil
+import subprocess
 import threading
 import warnings
 
@@ -307,3 +309,48 @@ def test_register_refuses_a_device_the_library_cannot_serve():
         T.register("0")
     with pytest.raises(ValueError):
         T.usage(-1)
+
+
+THROW_PROBE = r"""
+#include <dlfcn.h>
+#include <cstdio>
+#include <stdexcept>
+#include <sys/types.h>
+int main(int argc, char **argv) {
+  void *lib = dlopen(argv[1], RTLD_NOW);
+  if (!lib) { std::printf("dlopen: %s\n", dlerror()); return 2; }
+  auto f = (void *(*)(ssize_t, int, void *))dlsym(lib, "spw_torch_alloc_or_throw");
+  if (!f) return 3;
+  if (f(0, 5, nullptr) != nullptr) return 4;  // 0 bytes: NULL, no exception
+  try {
+    f(4096, 5, nullptr);                      // no runtime registered for device 5
+  } catch (const std::exception &e) {
+    std::printf("caught: %s\n", e.what());
+    return 0;
+  }
+  return 5;
+}
+"""
+
+
+def test_the_install_allocation_function_throws_a_cpp_exception_naming_the_reason(tmp_path):
+    # PyTorch's swapped-in allocator does not check for NULL; the function install() gives
+    # it throws instead, and PyTorch turns the exception into a RuntimeError. ctypes cannot
+    # catch a C++ exception, so a small C++ program calls it, as PyTorch would.
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None:
+        pytest.skip("no C++ compiler")
+    src = tmp_path / "probe.cpp"
+    src.write_text(THROW_PROBE)
+    exe = tmp_path / "probe"
+    subprocess.run([cxx, str(src), "-o", str(exe), "-ldl"], check=True)
+    r = subprocess.run([str(exe), T.library_path()], capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode == 0, (r.returncode, r.stdout, r.stderr)
+    assert "caught: CUDA out of memory (spillway): 4096 bytes on device 5" in r.stdout
+    assert "no Spillway runtime is registered for device 5" in r.stdout
+
+
+def test_the_allocator_of_each_form_is_chosen_by_its_symbol():
+    with pytest.raises(ValueError):
+        T.allocator("malloc")

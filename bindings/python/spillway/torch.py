@@ -14,8 +14,9 @@ bindings/python/src/torch_alloc.c) that PyTorch's CUDAPluggableAllocator loads b
 allocates in the device's shared runtime (spillway.process), which Python registers with it
 here, so PyTorch's memory counts against the budget that Numba, CuPy and deferrable arrays
 share, and deferrable buffers are spilled to make room. PyTorch's memory itself is plain
-device memory, locked until PyTorch frees it. A failed allocation returns NULL and PyTorch
-raises its own out-of-memory error; ``usage()`` then has the reason.
+device memory, locked until PyTorch frees it. A failed allocation never crashes: PyTorch
+raises its out-of-memory error (torch.OutOfMemoryError through a MemPool; a RuntimeError
+naming the reason after install(), see INSTALL_ALLOC_SYMBOL); ``usage()`` has the counts.
 
 Only ``install``, ``allocator`` and ``mem_pool`` need PyTorch; ``register``, ``usage``
 and the library's functions work without it (the tests call them through ctypes on the
@@ -34,15 +35,20 @@ from . import process as _process
 from ._errors import error_class
 
 __all__ = ["library_path", "register", "install", "allocator", "mem_pool", "usage",
-           "ALLOC_SYMBOL", "FREE_SYMBOL"]
+           "ALLOC_SYMBOL", "INSTALL_ALLOC_SYMBOL", "FREE_SYMBOL"]
 
+#: Returns NULL on failure: for a torch.cuda.MemPool, whose caching allocator turns NULL
+#: into torch.OutOfMemoryError.
 ALLOC_SYMBOL = "spw_torch_alloc"
+#: Throws a C++ exception on failure (PyTorch raises RuntimeError): for install(), since
+#: PyTorch's swapped-in allocator does not check for NULL (torch_alloc.c says more).
+INSTALL_ALLOC_SYMBOL = "spw_torch_alloc_or_throw"
 FREE_SYMBOL = "spw_torch_free"
 _MAX_DEVICES = 64  # torch_alloc.c's MAX_DEVICES
 
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
-_allocator: Any = None
+_allocators: Dict[str, Any] = {}
 _pools: List[Any] = []  # MemPools handed out: PyTorch must not outlive them mid-run
 
 
@@ -132,15 +138,24 @@ def _process_usage(device: int) -> Optional[Dict[str, int]]:
     return {k: u[k] for k in ("live", "live_bytes", "allocs", "alloc_bytes", "failures")}
 
 
-def allocator() -> Any:
-    """The ``torch.cuda.memory.CUDAPluggableAllocator`` over the library (one per process)."""
-    global _allocator
+def allocator(alloc_symbol: str = ALLOC_SYMBOL) -> Any:
+    """The ``torch.cuda.memory.CUDAPluggableAllocator`` over the library, one per allocation
+    function: ALLOC_SYMBOL (NULL on failure, for MemPool) or INSTALL_ALLOC_SYMBOL (throws,
+    for change_current_allocator). ValueError for another name; UnsupportedError if the
+    library was built without the throwing one (no C++ compiler)."""
+    if alloc_symbol not in (ALLOC_SYMBOL, INSTALL_ALLOC_SYMBOL):
+        raise ValueError(f"alloc_symbol must be {ALLOC_SYMBOL!r} or {INSTALL_ALLOC_SYMBOL!r}")
+    if not hasattr(_library(), alloc_symbol):
+        st = _c.SPW_ERR_UNSUPPORTED
+        _raise(st, f"{library_path()} was built without {alloc_symbol} (no C++ compiler); "
+                   f"use mem_pool()")
     import torch
     with _lock:
-        if _allocator is None:
-            _allocator = torch.cuda.memory.CUDAPluggableAllocator(library_path(), ALLOC_SYMBOL,
-                                                                  FREE_SYMBOL)
-        return _allocator
+        a = _allocators.get(alloc_symbol)
+        if a is None:
+            a = _allocators[alloc_symbol] = torch.cuda.memory.CUDAPluggableAllocator(
+                library_path(), alloc_symbol, FREE_SYMBOL)
+        return a
 
 
 def _devices(devices: Optional[Iterable[int]]) -> List[int]:
@@ -151,14 +166,16 @@ def _devices(devices: Optional[Iterable[int]]) -> List[int]:
 
 
 def install(devices: Optional[Iterable[int]] = None) -> None:
-    """Makes Spillway PyTorch's CUDA allocator (``change_current_allocator``), which PyTorch
-    accepts only before it initializes CUDA (any torch.cuda call that needs the device, or
+    """Makes Spillway PyTorch's CUDA allocator (``change_current_allocator`` with the
+    INSTALL_ALLOC_SYMBOL function: an allocation that fails raises RuntimeError("CUDA out of
+    memory (spillway): ...") in Python, with the reason), which PyTorch accepts only before
+    it initializes CUDA (any torch.cuda call that needs the device, or
     a first allocation). `devices`: the ordinals to serve (default: PyTorch's current
     device, read after the swap, since reading it first would initialize CUDA); each gets
     the process's shared runtime."""
     import torch
     wanted = None if devices is None else [_check(d) for d in devices]
-    torch.cuda.memory.change_current_allocator(allocator())
+    torch.cuda.memory.change_current_allocator(allocator(INSTALL_ALLOC_SYMBOL))
     for d in _devices(wanted):
         register(d)
 
@@ -176,6 +193,6 @@ def mem_pool(devices: Optional[Iterable[int]] = None) -> Any:
     import torch
     for d in _devices(devices):
         register(d)
-    pool = torch.cuda.MemPool(allocator().allocator(), use_on_oom=True)
+    pool = torch.cuda.MemPool(allocator(ALLOC_SYMBOL).allocator(), use_on_oom=True)
     _pools.append(pool)
     return pool

@@ -29,6 +29,10 @@ typedef struct spwpy_capi {
   int (*release_n_async)(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
                          spw_stream_t stream);
   int (*stream_register)(spw_runtime_t *rt, spw_stream_t stream);
+  /* For the text of a failure: the status's name, and this thread's last error of `rt`
+   * (the out-of-memory numbers: limit, bytes in use, bytes locked). */
+  const char *(*err_name)(int status);
+  const char *(*last_error)(const spw_runtime_t *rt);
 } spwpy_capi_t;
 
 #endif /* SPILLWAY_PY_CAPI_H */

@@ -5,7 +5,12 @@
  *   void *spw_torch_alloc(ssize_t size, int device, cudaStream_t stream);
  *   void  spw_torch_free(void *ptr, ssize_t size, int device, cudaStream_t stream);
  *
- * (four arguments for free: what PyTorch calls, whatever its docstring says). Each device's
+ * (four arguments for free: what PyTorch calls, whatever its docstring says).
+ * spw_torch_alloc returns NULL on failure, which is right for a torch.cuda.MemPool: the
+ * caching allocator over it raises torch.OutOfMemoryError. PyTorch's allocator swap
+ * (change_current_allocator) does not check for NULL and would hand out a tensor at
+ * address 0, so install() uses spw_torch_alloc_or_throw (torch_throw.cpp), which throws a
+ * C++ exception that PyTorch turns into a Python RuntimeError. Each device's
  * runtime is the process's shared one, registered from Python by spw_torch_set_runtime
  * together with the extension's table of Spillway calls (capi.h says why a table). This
  * library links no Spillway code and no Python: PyTorch calls it from any thread, usually
@@ -31,6 +36,7 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/types.h>
@@ -162,26 +168,45 @@ static void fail(device_slot_t *d, int st) {
   atomic_store(&d->last_status, st);
 }
 
-EXPORT void *spw_torch_alloc(ssize_t size, int device, spw_stream_t stream) {
-  if (size <= 0 || device < 0 || device >= MAX_DEVICES || atomic_load(&g_stopped)) return NULL;
+/* The allocation, with its status in *status and, if `why` is not NULL, the reason in words
+ * (for spw_torch_alloc_or_throw, torch_throw.cpp). Not exported from the library. */
+void *spw__torch_alloc_status(ssize_t size, int device, spw_stream_t stream, int *status,
+                              char *why, size_t whylen) {
+  *status = SPW_OK;
+  if (why && whylen) why[0] = 0;
+  if (size <= 0) return NULL; /* no memory, and no failure: PyTorch's empty tensors */
+  if (device < 0 || device >= MAX_DEVICES || atomic_load(&g_stopped)) {
+    *status = SPW_ERR_INVALID_ARG;
+    if (why) snprintf(why, whylen, "device %d is not served (0 to %d), or the process is exiting",
+                      device, MAX_DEVICES - 1);
+    return NULL;
+  }
   device_slot_t *d = &g_slots[device];
   entry_t *e = malloc(sizeof *e);
-  if (!e) return NULL;
+  if (!e) {
+    *status = SPW_ERR_SYSTEM;
+    if (why) snprintf(why, whylen, "no host memory for the pointer map");
+    return NULL;
+  }
   void *p = NULL;
+  int st = SPW_OK;
   pthread_rwlock_rdlock(&g_rt_lock);
   if (!d->rt) {
-    fail(d, SPW_ERR_INVALID_ARG); /* no runtime registered for this device */
+    st = SPW_ERR_INVALID_ARG;
+    if (why) snprintf(why, whylen, "no Spillway runtime is registered for device %d "
+                      "(spillway.torch.install(devices=[...]))", device);
     goto out;
   }
   spw_buf_t h = SPW_BUF_NULL;
-  int st = alloc_on(d, (size_t)size, stream, &h);
+  st = alloc_on(d, (size_t)size, stream, &h);
   if (st == SPW_OK) {
     st = g_api->acquire(d->rt, h, d->expose, 0, &p);
     if (st != SPW_OK) (void)g_api->free(d->rt, h);
   }
   if (st != SPW_OK) {
     p = NULL;
-    fail(d, st);
+    /* Read on this thread, right after the failing call: the runtime keeps it per thread. */
+    if (why) snprintf(why, whylen, "%s: %s", g_api->err_name(st), g_api->last_error(d->rt));
     goto out;
   }
   *e = (entry_t){NULL, (uintptr_t)p, h, (size_t)size, device};
@@ -190,7 +215,8 @@ EXPORT void *spw_torch_alloc(ssize_t size, int device, spw_stream_t stream) {
     (void)g_api->release(d->rt, h, d->expose);
     (void)g_api->free(d->rt, h);
     p = NULL;
-    fail(d, SPW_ERR_SYSTEM);
+    st = SPW_ERR_SYSTEM;
+    if (why) snprintf(why, whylen, "no host memory for the pointer map");
     goto out;
   }
   e = NULL;
@@ -199,9 +225,18 @@ EXPORT void *spw_torch_alloc(ssize_t size, int device, spw_stream_t stream) {
   atomic_fetch_add(&d->allocs, 1);
   atomic_fetch_add(&d->alloc_bytes, (uint64_t)size);
 out:
+  if (st != SPW_OK) fail(d, st);
   pthread_rwlock_unlock(&g_rt_lock);
   free(e);
+  *status = st;
   return p;
+}
+
+/* For torch.cuda.MemPool (spillway.torch.mem_pool): PyTorch's caching allocator treats NULL
+ * as out of memory (it frees cached blocks, retries, then raises torch.OutOfMemoryError). */
+EXPORT void *spw_torch_alloc(ssize_t size, int device, spw_stream_t stream) {
+  int st;
+  return spw__torch_alloc_status(size, device, stream, &st, NULL, 0);
 }
 
 EXPORT void spw_torch_free(void *ptr, ssize_t size, int device, spw_stream_t stream) {
