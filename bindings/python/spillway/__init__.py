@@ -13,6 +13,10 @@ brought back on the next lock. See docs/python.md.
         rt.synchronize()
 
 ``spillway.numba`` is the Numba EMM plugin and the deferrable arrays for Numba kernels;
+``spillway.cupy``, ``spillway.torch`` and ``spillway.cuda_core`` make Spillway the allocator
+of CuPy, PyTorch and cuda.core, on the one runtime per device that ``spillway.process``
+keeps for the whole process (``spillway.usage()`` says which library holds what);
+``spillway.lend`` lends a deferrable array through ``__cuda_array_interface__`` and DLPack;
 ``spillway.Controller`` (spillway.controller) hears every allocation, free and move and
 picks spill victims; ``spillway.dask`` gives Dask workers a runtime each; ``python -m
 spillway.plot`` draws a trace (SPILLWAY_TRACE).
