@@ -57,10 +57,12 @@ def test_cupy_allocations_succeed_by_spilling_deferrable_arrays(cupy):
     arrays = _fill(rt, 3 * GPU_LIMIT)
     before = rt.stats().spills_on_demand
     with cupy.cuda.using_allocator(sc.malloc):
-        x = cupy.arange(GPU_LIMIT // 8, dtype=cupy.float32)  # a quarter of the budget
+        n = GPU_LIMIT // 16                  # int32: a quarter of the budget each
+        x = cupy.arange(n, dtype=cupy.int32)
         y = x * 2
         assert P.usage(dev)["cupy"]["live"] >= 2
-        assert float(y[-1]) == 2.0 * (GPU_LIMIT // 8 - 1)
+        assert int(y[-1]) == 2 * (n - 1)
+        assert int(y.sum(dtype=cupy.int64)) == n * (n - 1)
         del x, y
     cupy.cuda.Device().synchronize()
     assert rt.stats().spills_on_demand > before
@@ -105,8 +107,8 @@ def test_torch_mem_pool_allocates_from_the_shared_budget(torch):
     arrays = _fill(rt, 3 * GPU_LIMIT)
     pool = st.mem_pool()
     with torch.cuda.use_mem_pool(pool):
-        t = torch.ones(GPU_LIMIT // 16, device="cuda")  # a quarter of the budget
-        assert float(t.sum()) == GPU_LIMIT // 16
+        t = torch.ones(GPU_LIMIT // 16, dtype=torch.int32, device="cuda")  # a quarter
+        assert int(t.sum()) == GPU_LIMIT // 16
         assert st.usage(dev)["live"] >= 1
         del t
     torch.cuda.synchronize()
@@ -120,8 +122,8 @@ TORCH_INSTALLED = textwrap.dedent("""
     rt = P.runtime(torch.cuda.current_device())
     arrays = [spillway.DeferrableArray.from_host(rt, np.full(2 << 20, i, np.float32))
               for i in range(3 * {limit} // (8 << 20))]
-    t = torch.ones({limit} // 16, device="cuda") * 3   # needs room: spills deferrable arrays
-    assert float(t.sum()) == 3 * ({limit} // 16), float(t.sum())
+    t = torch.full(({limit} // 16,), 3, dtype=torch.int32, device="cuda")  # needs room
+    assert int(t.sum()) == 3 * ({limit} // 16), int(t.sum())
     assert rt.stats().spills_on_demand > 0
     for i, a in enumerate(arrays):
         assert (a.copy_to_host() == i).all()
@@ -133,8 +135,8 @@ TORCH_INSTALLED = textwrap.dedent("""
         assert "CUDA out of memory (spillway)" in str(e) and "locked" in str(e), str(e)
     assert st.usage()["last_status"] == spillway._spillway.SPW_ERR_OUT_OF_MEMORY
     del held
-    t2 = torch.ones(1024, device="cuda")            # and PyTorch goes on afterwards
-    assert float(t2.sum()) == 1024.0
+    t2 = torch.ones(1024, dtype=torch.int32, device="cuda")  # and PyTorch goes on
+    assert int(t2.sum()) == 1024
     print("OK", P.usage(torch.cuda.current_device())["torch"])
 """)
 
@@ -155,12 +157,12 @@ ALL_THREE = textwrap.dedent("""
     dev = torch.cuda.current_device()
     rt = P.runtime(dev)
     arrays = [sn.to_device(np.full(2 << 20, i, np.float32)) for i in range(3 * {limit} // (8 << 20))]
-    q = {limit} // 16                                   # float32 elements: a quarter of the budget
-    n = cuda.to_device(np.ones(q, np.float32))          # Numba, through the EMM plugin
-    c = cupy.full(q, 2, dtype=cupy.float32)             # CuPy
-    t = torch.full((q,), 3.0, device="cuda")            # PyTorch
-    s = float(t.sum()) + float(c.sum()) + float(n.copy_to_host().sum())
-    assert s == 6.0 * q, s
+    q = {limit} // 16                                   # int32 elements: a quarter of the budget
+    n = cuda.to_device(np.ones(q, np.int32))            # Numba, through the EMM plugin
+    c = cupy.full(q, 2, dtype=cupy.int32)               # CuPy
+    t = torch.full((q,), 3, dtype=torch.int32, device="cuda")  # PyTorch
+    s = int(t.sum()) + int(c.sum(dtype=cupy.int64)) + int(n.copy_to_host().sum(dtype=np.int64))
+    assert s == 6 * q, s
     for i, a in enumerate(arrays):
         assert (a.copy_to_host() == i).all()
     u = P.usage(dev)
