@@ -49,7 +49,6 @@ _MAX_DEVICES = 64  # torch_alloc.c's MAX_DEVICES
 _lock = threading.Lock()
 _lib: Optional[ctypes.CDLL] = None
 _allocators: Dict[str, Any] = {}
-_pools: List[Any] = []  # MemPools handed out: PyTorch must not outlive them mid-run
 
 
 def library_path() -> str:
@@ -188,11 +187,9 @@ def mem_pool(devices: Optional[Iterable[int]] = None) -> Any:
     PyTorch releases them. Outside that block PyTorch keeps its own caching allocator; when
     it runs out of memory it may take a free block already cached in this pool (what
     ``use_on_oom`` does: PyTorch does not ask the pool's allocator for new memory then).
-    Keep the pool (the module keeps a reference too). ``install()`` is the form that puts
-    all of PyTorch's memory on Spillway's budget."""
+    Keep the pool while it is in use; deleting it gives its cached blocks back to Spillway.
+    ``install()`` is the form that puts all of PyTorch's memory on Spillway's budget."""
     import torch
     for d in _devices(devices):
         register(d)
-    pool = torch.cuda.MemPool(allocator(ALLOC_SYMBOL).allocator(), use_on_oom=True)
-    _pools.append(pool)
-    return pool
+    return torch.cuda.MemPool(allocator(ALLOC_SYMBOL).allocator(), use_on_oom=True)
