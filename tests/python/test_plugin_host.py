@@ -150,3 +150,22 @@ def test_reset_closes_the_runtime_and_the_next_use_makes_a_new_one(plugin):
 def test_a_zero_byte_allocation_is_a_null_pointer(plugin):
     p = plugin.memalloc(0)
     assert int(p.device_pointer) == 0 and sn.runtime(0).stats().buffers == 0
+
+
+def test_numba_allocations_are_counted_for_numba_in_usage(plugin):
+    u0 = spillway.usage(0)["numba"]
+    p = plugin.memalloc(MiB)
+    u = spillway.usage(0)["numba"]
+    assert u["live"] == u0["live"] + 1 and u["live_bytes"] == u0["live_bytes"] + MiB
+    assert u["allocs"] == u0["allocs"] + 1
+    p.free()
+    assert spillway.usage(0)["numba"]["live"] == u0["live"]
+
+
+def test_a_failed_numba_allocation_is_counted_as_a_failure(plugin):
+    held = [plugin.memalloc(16 * MiB) for _ in range(4)]
+    before = spillway.usage(0)["numba"]["failures"]
+    with pytest.raises(MemoryError):
+        plugin.memalloc(16 * MiB)
+    assert spillway.usage(0)["numba"]["failures"] == before + 1
+    del held

@@ -118,6 +118,37 @@ def test_usage_attributes_the_rest_of_the_runtime_to_deferrable_arrays(shared):
     arr.free()
 
 
+def test_an_allocation_names_its_library_device_and_stream(shared):
+    a = P.allocate("cuda.core", MiB)
+    assert (a.library, a.device, a.size, a.stream, a.freed) == ("cuda.core", 0, MiB, 0, False)
+    assert a.runtime is shared.runtime and a.ptr
+    assert "cuda.core" in repr(a)
+    a.free()
+    assert a.freed and "freed" in repr(a)
+
+
+def test_an_allocation_cannot_be_built_from_python():
+    with pytest.raises(TypeError):
+        P.Allocation()
+
+
+def test_reset_abandons_a_runtime_in_which_a_library_still_holds_memory(shared):
+    a = P.allocate("cupy", MiB)
+    with pytest.warns(RuntimeWarning, match="abandoned"):
+        assert not P.reset(0)
+    assert not shared.runtime.closed  # CuPy's pointer stays valid
+    assert P.existing(0) is None     # the next use makes a new runtime
+    a.free()
+
+
+def test_a_forced_reset_closes_it_and_a_later_free_does_nothing(shared):
+    a = P.allocate("cupy", MiB)
+    assert P.reset(0, force=True)   # Numba's context reset: that memory is dead anyway
+    assert shared.runtime.closed
+    a.free()
+    assert a.freed
+
+
 def test_a_freed_allocation_goes_back_to_the_budget_in_stream_order(shared):
     a = P.allocate("cupy", 4 * MiB)
     a.free()

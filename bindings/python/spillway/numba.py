@@ -57,6 +57,7 @@ if hasattr(_devicearray, "_to_strided_memory_view") and hasattr(
 # cuda.core allocators, so that Numba memory, their memory and deferrable arrays have one
 # budget.
 _Device = _process.Device
+_NUMBA = _process.LIBRARIES.index("numba")  # the counter of spillway.usage()
 
 
 def configure(**config: Any) -> None:
@@ -94,7 +95,7 @@ def _reset_device(device_id: int) -> None:
     """The CUDA context of the device is about to be destroyed (numba.cuda.close()): every
     buffer of its runtime dies with it, the other libraries' memory included. Release the
     exposure locks and close the runtime; the next use creates a new one."""
-    _process.reset(device_id)
+    _process.reset(device_id, force=True)
 
 
 # -- the EMM plugin ------------------------------------------------------------------------
@@ -153,14 +154,12 @@ class SpillwayNumbaManager(HostOnlyCUDAMemoryManager):
         d = self._device_state()
         rt = d.runtime
         try:
-            h, ptr = rt._numba_alloc(size, d.expose_handle)
+            h, ptr = rt._numba_alloc(size, d.expose_handle, None, _NUMBA)
         except OutOfMemoryError as e:
-            _process._failed("numba", d.id)
             raise SpillwayOutOfMemoryError(str(e), e.status, e.detail) from None
-        _process._allocated("numba", d.id, size)
         return MemoryPointer(ctx, _cu.CUdeviceptr(ptr), size,
-                             finalizer=functools.partial(_numba_free, rt, h, d.expose_handle,
-                                                         d.id, size))
+                             finalizer=functools.partial(rt._numba_free, h, d.expose_handle,
+                                                         None, _NUMBA, size))
 
     def get_memory_info(self) -> MemoryInfo:
         s = self._device_state().runtime.stats()
@@ -189,11 +188,6 @@ class SpillwayNumbaManager(HostOnlyCUDAMemoryManager):
     @property
     def interface_version(self) -> int:
         return 1
-
-
-def _numba_free(rt: Runtime, h: int, expose: int, device_id: int, size: int) -> None:
-    _process._freed("numba", device_id, size)
-    rt._numba_free(h, expose)
 
 
 #: Read by Numba when NUMBA_CUDA_MEMORY_MANAGER=spillway.numba.

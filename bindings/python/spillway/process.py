@@ -27,8 +27,9 @@ from ._runtime import Runtime, StreamLike
 __all__ = ["configure", "configuration", "device", "runtime", "existing", "reset", "usage", "allocate",
            "Allocation", "LIBRARIES", "Device"]
 
-#: The libraries whose allocations usage() counts (besides deferrable arrays).
-LIBRARIES = ("numba", "cupy", "torch", "cuda.core")
+#: The libraries whose allocations usage() counts (besides deferrable arrays), as the
+#: extension names them.
+LIBRARIES = tuple(_c.LIBRARIES)
 
 
 class Device:
@@ -112,17 +113,30 @@ def existing(device_id: int) -> Optional[Device]:
     return _devices.get(device_id)
 
 
-def reset(device_id: int) -> bool:
+def reset(device_id: int, force: bool = False) -> bool:
     """Closes the shared runtime of `device_id` (its exposure stream first, which releases
-    every library's locks); the next use creates a new one. Numba calls it when its CUDA
-    context is destroyed, the Dask plugin when its worker that owned it ends. Memory that a
-    library still holds in it is dead afterwards. Returns False, with a RuntimeWarning, if
-    the runtime could not be closed (buffers locked on other streams, or PyTorch memory
-    still allocated): it is abandoned then, and the next use creates a new one anyway."""
+    every library's locks); the next use creates a new one. Returns True when closed.
+
+    Without `force`, a runtime in which Numba, CuPy or cuda.core still hold memory is not
+    closed: it is abandoned instead (kept alive for the rest of the process, so their
+    pointers stay valid), with a RuntimeWarning, and False is returned; the next use creates
+    a new runtime anyway. The Dask plugin resets this way when its worker ends. ``force``
+    closes it even then (that memory is dead afterwards): Numba does so when its CUDA
+    context is destroyed, which frees all of it anyway. PyTorch memory is never closed
+    under PyTorch: its allocator library refuses, and the runtime is abandoned. A runtime
+    with buffers still locked on other streams is abandoned too (BusyError from close)."""
     with _lock:
         d = _devices.pop(device_id, None)
     if d is None:
         return True
+    if not force and not d.runtime.closed:
+        held = {lib: row[0] for lib, row in zip(LIBRARIES, d.runtime._usage()) if row[0]}
+        if held:
+            _abandoned.append(d)
+            warnings.warn(f"spillway: the shared runtime of device {device_id} is abandoned, "
+                          f"not closed: libraries still hold allocations in it {held}",
+                          RuntimeWarning, stacklevel=2)
+            return False
     for hook in list(_reset_hooks):
         try:
             hook(device_id)
@@ -142,50 +156,10 @@ def reset(device_id: int) -> bool:
 
 
 # -- attribution -------------------------------------------------------------------------
-class _Counts:
-    __slots__ = ("live", "live_bytes", "allocs", "alloc_bytes", "failures")
-
-    def __init__(self) -> None:
-        self.live = self.live_bytes = self.allocs = self.alloc_bytes = self.failures = 0
-
-    def as_dict(self) -> Dict[str, int]:
-        return {k: getattr(self, k) for k in self.__slots__}
-
-
-# (library, device) -> counts. A lock, not the GIL, makes the updates atomic: `+=` on an
-# attribute is several bytecodes, and the allocators run on many threads.
-_counts: Dict[tuple, _Counts] = {}
-_counts_lock = threading.Lock()
-
-
-def _counter(library: str, device_id: int) -> _Counts:
-    c = _counts.get((library, device_id))
-    if c is None:
-        with _counts_lock:
-            c = _counts.setdefault((library, device_id), _Counts())
-    return c
-
-
-def _allocated(library: str, device_id: int, nbytes: int) -> None:
-    c = _counter(library, device_id)
-    with _counts_lock:
-        c.live += 1
-        c.live_bytes += nbytes
-        c.allocs += 1
-        c.alloc_bytes += nbytes
-
-
-def _freed(library: str, device_id: int, nbytes: int) -> None:
-    c = _counter(library, device_id)
-    with _counts_lock:
-        c.live -= 1
-        c.live_bytes -= nbytes
-
-
-def _failed(library: str, device_id: int) -> None:
-    c = _counter(library, device_id)
-    with _counts_lock:
-        c.failures += 1
+# The counters live in C, in each runtime (allocation.c): an allocation + free is the whole
+# work of an allocator hook, and Python bookkeeping around it cost more than the calls.
+_KEYS = ("live", "live_bytes", "allocs", "alloc_bytes", "failures")
+_LIBRARY_INDEX = {name: i for i, name in enumerate(LIBRARIES)}
 
 
 #: Set by spillway.torch when it loads its library: (device) -> counts dict or None.
@@ -195,24 +169,22 @@ _torch_usage: Optional[Any] = None
 def usage(device_id: int = 0) -> Dict[str, Dict[str, int]]:
     """Who holds what in the shared runtime of `device_id`, by library: for each of
     LIBRARIES a dict with ``live`` (allocations not yet freed), ``live_bytes``, ``allocs``
-    and ``alloc_bytes`` (since the process started) and ``failures`` (allocations refused,
-    out of memory or otherwise); and ``"deferrable"``: the runtime's other buffers
-    (deferrable arrays and buffers), with ``live`` and ``live_bytes`` only, the runtime's
-    totals (Stats.buffers and its bytes on every tier) less the libraries' live memory.
-    A library never used has all zeros. ValueError/TypeError for a bad device."""
+    and ``alloc_bytes`` (since the runtime was created; for PyTorch, since the process
+    started) and ``failures`` (allocations refused, out of memory or otherwise); and
+    ``"deferrable"``: the runtime's other buffers (deferrable arrays and buffers), with
+    ``live`` and ``live_bytes`` only, the runtime's totals (Stats.buffers and its bytes on
+    every tier) less the libraries' live memory. A library never used has all zeros.
+    TypeError / ValueError for what is not a device ordinal."""
     _check_device(device_id)
-    out: Dict[str, Dict[str, int]] = {}
-    for lib in LIBRARIES:
-        out[lib] = _Counts().as_dict()
-    with _counts_lock:
-        for (lib, dev), c in _counts.items():
-            if dev == device_id:
-                out[lib] = c.as_dict()
+    out: Dict[str, Dict[str, int]] = {lib: dict.fromkeys(_KEYS, 0) for lib in LIBRARIES}
+    d = _devices.get(device_id)
+    if d is not None and not d.runtime.closed:
+        for lib, row in zip(LIBRARIES, d.runtime._usage()):
+            out[lib] = dict(zip(_KEYS, row))
     if _torch_usage is not None:
         t = _torch_usage(device_id)
         if t is not None:
             out["torch"] = t
-    d = _devices.get(device_id)
     live = live_bytes = 0
     if d is not None and not d.runtime.closed:
         s = d.runtime.stats()
@@ -224,73 +196,28 @@ def usage(device_id: int = 0) -> Dict[str, Dict[str, int]]:
 
 
 # -- memory for libraries that keep raw pointers ------------------------------------------
-class Allocation:
-    """Device memory lent to a library that keeps its raw pointer (CuPy, cuda.core): a
-    Spillway buffer of the device's shared runtime, counted against its budget, locked on
-    the exposure stream, so it stays resident and at ``ptr`` until :meth:`free` (or until
-    the object is garbage-collected). Made by :func:`allocate`."""
-
-    __slots__ = ("library", "device", "ptr", "size", "stream", "_rt", "_expose", "_handle",
-                 "__weakref__")
-
-    def __init__(self, library: str, d: Device, handle: int, ptr: int, size: int,
-                 stream: int) -> None:
-        self.library = library
-        self.device = d.id
-        self.ptr = ptr
-        self.size = size
-        self.stream = stream
-        self._rt = d.runtime
-        self._expose = d.expose_handle
-        # A one-element list: pop() hands the handle to exactly one caller, even when two
-        # threads free at once.
-        self._handle = [handle]
-
-    @property
-    def freed(self) -> bool:
-        return not self._handle
-
-    def free(self, stream: StreamLike = None) -> None:
-        """Gives the memory back once `stream` (default: the stream it was allocated on)
-        passes this point: work the library queued there before the free still runs on
-        valid memory. Never blocks; idempotent."""
-        try:
-            h = self._handle.pop()
-        except IndexError:
-            return
-        s = self.stream if stream is None else _c.stream_handle(stream)
-        _freed(self.library, self.device, self.size)
-        self._rt._expose_free(h, self._expose, s or None)
-
-    def __del__(self) -> None:
-        if self._handle:
-            try:
-                self.free()
-            except Exception:  # noqa: BLE001 - at interpreter exit the module may be gone
-                pass
-
-    def __repr__(self) -> str:
-        state = "freed" if self.freed else f"0x{self.ptr:x}"
-        return f"<spillway.process.Allocation {self.library} {self.size} bytes {state}>"
+#: Device memory lent to a library that keeps its raw pointer (CuPy, cuda.core): a Spillway
+#: buffer of the device's shared runtime, counted against its budget, locked on the
+#: exposure stream, so it stays resident and at ``ptr`` until ``free(stream=None)`` (or
+#: until the object is garbage-collected). Attributes: ``ptr``, ``size``, ``stream`` (the
+#: handle it was allocated on), ``device``, ``library``, ``freed``, ``runtime``. Made by
+#: :func:`allocate` (written in C: spillway._spillway.Allocation).
+Allocation = _c.Allocation
 
 
 def allocate(library: str, nbytes: int, device_id: int = 0,
-             stream: StreamLike = None) -> Allocation:
+             stream: StreamLike = None) -> Any:
     """Allocates `nbytes` for `library` (one of LIBRARIES, for usage()) in the shared
     runtime of `device_id`, stream-ordered on `stream` (the memory is ready for work queued
     there after this call). If the budget is short, unlocked deferrable buffers are spilled
-    first (the GIL is released meanwhile). Errors: ValueError for an unknown library,
-    TypeError / InvalidArgumentError for a size that is not an int in [1, 2**63-1],
-    InvalidStreamError, and OutOfMemoryError when what remains on the device is locked (its
-    detail has the numbers, locked bytes included)."""
-    if library not in LIBRARIES:
+    first (the GIL is released meanwhile). Returns an :data:`Allocation`, whose ``free``
+    gives the memory back once the allocation's stream (or the one given) passes that point,
+    never blocking. Errors: ValueError for an unknown library, TypeError /
+    InvalidArgumentError for a size that is not an int in [1, 2**63-1], InvalidStreamError,
+    and OutOfMemoryError when what remains on the device is locked (its text has the
+    numbers, locked bytes included)."""
+    lib = _LIBRARY_INDEX.get(library) if isinstance(library, str) else None
+    if lib is None:
         raise ValueError(f"library must be one of {LIBRARIES}, not {library!r}")
-    d = device(device_id)
-    s = _c.stream_handle(stream)
-    try:
-        h, ptr = d.runtime._expose_alloc(nbytes, d.expose_handle, s or None)
-    except MemoryError:
-        _failed(library, d.id)
-        raise
-    _allocated(library, d.id, nbytes)
-    return Allocation(library, d, h, ptr, nbytes, s)
+    d = _devices.get(device_id) or device(device_id)
+    return d.runtime._allocate(lib, nbytes, d.expose_handle, stream, d.id)

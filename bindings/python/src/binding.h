@@ -10,6 +10,7 @@
  *   launch.c     Numba's launch pieces (LaunchLocks, LaunchView, LaunchExtensionBase)
  *   controller.c ControllerLink and the controller trampolines
  *   dlpack.c     DLPack capsules of lent arrays; the call table of the PyTorch allocator
+ *   allocation.c memory lent to Numba, CuPy, cuda.core (Allocation) and its counters
  *   module.c     assembles the module: types, functions, constants, enumerations
  *
  * GIL rule: a call that can wait on Spillway (an acquire of a buffer that is not on the
@@ -33,12 +34,20 @@
 
 #include "spillway/spillway.h"
 
+/* The libraries whose allocations are counted (spillway.usage()), in LIBRARIES' order. */
+#define SPWPY_LIBRARIES 4
+extern const char *const spwpy_libraries[SPWPY_LIBRARIES];
+typedef struct spwpy_usage {
+  long long live, live_bytes, allocs, alloc_bytes, failures;
+} spwpy_usage_t;
+
 typedef struct spwpy_runtime {
   PyObject_HEAD
   spw_runtime_t *rt; /* NULL once closed (or never created) */
   int backend;       /* SPW_BACKEND_CUDA or SPW_BACKEND_HOST */
   PyObject *link;    /* the ControllerLink of a Python controller (controller.c), kept
                         until the runtime is destroyed: it is the C controller's `user` */
+  spwpy_usage_t usage[SPWPY_LIBRARIES]; /* allocation.c; changed with the GIL held */
 } spwpy_runtime_t;  /* the Python subclass spillway.Runtime adds __dict__ and __weakref__ */
 
 typedef struct spwpy_buffer {
@@ -173,5 +182,12 @@ int spwpy_runtime_init_type(PyObject *m);
 int spwpy_buffer_init_type(PyObject *m);
 int spwpy_launch_init_types(PyObject *m);
 int spwpy_controller_init(PyObject *m);
+int spwpy_allocation_init(PyObject *m);
+
+/* allocation.c's Runtime methods. */
+PyObject *spwpy_runtime_expose_alloc(PyObject *self, PyObject *args);
+PyObject *spwpy_runtime_expose_free(PyObject *self, PyObject *args);
+PyObject *spwpy_runtime_allocate(PyObject *self, PyObject *args);
+PyObject *spwpy_runtime_usage(PyObject *self, PyObject *noargs);
 
 #endif /* SPILLWAY_BINDING_H */

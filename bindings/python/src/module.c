@@ -54,7 +54,8 @@ PyMODINIT_FUNC PyInit__spillway(void) {
   PyObject *m = PyModule_Create(&module_def);
   if (!m) return NULL;
   if (spwpy_runtime_init_type(m) < 0 || spwpy_buffer_init_type(m) < 0 ||
-      spwpy_launch_init_types(m) < 0 || spwpy_controller_init(m) < 0)
+      spwpy_launch_init_types(m) < 0 || spwpy_controller_init(m) < 0 ||
+      spwpy_allocation_init(m) < 0)
     goto fail;
 #define SPWPY_STATUS_CONST(name, value, text) \
   if (PyModule_AddIntConstant(m, "SPW_" #name, value) < 0) goto fail;

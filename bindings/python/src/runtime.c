@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* runtime.c: the Runtime type: one spw_runtime_t, its streams, batched calls, statistics,
- * copies, and the raw entry points of the allocators that keep pointers (_expose_alloc,
- * _expose_free; the Numba EMM plugin calls them _numba_alloc, _numba_free).
+ * copies. The entry points of the allocators that keep pointers (_expose_alloc, _expose_free,
+ * _allocate, _usage) are in allocation.c.
  * The Pythonic surface (keyword configuration, typed statistics, context manager) is the
  * subclass spillway.Runtime, in Python; every method here is called by it or through it. */
 #include <limits.h>
@@ -711,79 +711,6 @@ static PyObject *runtime_memcpy(PyObject *self, PyObject *args, PyObject *kwds) 
   Py_RETURN_NONE;
 }
 
-typedef struct expose_alloc_args {
-  size_t n;
-  spw_stream_t expose;
-  spw_buf_t h;
-  void *p;
-} expose_alloc_args_t;
-
-static int expose_alloc_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
-  expose_alloc_args_t *a = ctx;
-  int st = spw_alloc(r->rt, a->n, s, &a->h);
-  if (st != SPW_OK) return st;
-  st = spw_acquire(r->rt, a->h, a->expose, 0, &a->p);
-  if (st != SPW_OK) {
-    (void)spw_free(r->rt, a->h);
-    a->h = SPW_BUF_NULL;
-  }
-  return st;
-}
-
-/* _expose_alloc(nbytes, expose_stream, stream=None) -> (handle, pointer): memory for a
- * library that keeps raw pointers (Numba, CuPy, cuda.core). The allocation is stream-ordered
- * on `stream` (the default stream for Numba, which its blocking streams wait on; the
- * library's own stream otherwise), and the buffer is locked on the caller's exposure stream,
- * which no other code synchronizes, so it stays resident and in place until _expose_free.
- * `_numba_alloc` is the same function. GIL released: the allocation may spill. */
-static PyObject *runtime_expose_alloc(PyObject *self, PyObject *args) {
-  spwpy_runtime_t *r = R(self);
-  PyObject *nobj, *eobj, *sobj = Py_None;
-  if (!PyArg_ParseTuple(args, "OO|O", &nobj, &eobj, &sobj)) return NULL;
-  expose_alloc_args_t a = {0, NULL, SPW_BUF_NULL, NULL};
-  spw_stream_t s;
-  if (spwpy_nbytes_from(nobj, "nbytes", &a.n) < 0 || spwpy_stream_from(eobj, &a.expose) < 0 ||
-      spwpy_stream_from(sobj, &s) < 0)
-    return NULL;
-  LIVE(r);
-  int st = spwpy_on_stream(r, s, expose_alloc_op, &a, 1);
-  if (st != SPW_OK) return spwpy_raise(r->rt, st);
-  return Py_BuildValue("KK", (unsigned long long)a.h, (unsigned long long)(uintptr_t)a.p);
-}
-
-static int try_acquire_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
-  void *p;
-  return spw_acquire(r->rt, *(spw_buf_t *)ctx, s, SPW_ACQUIRE_TRY, &p);
-}
-
-/* _expose_free(handle, expose_stream, stream=None): the library dropped its pointer, but
- * work it enqueued may still use the memory. The exposure lock moves to `stream` (for Numba
- * the legacy default stream, which waits for every blocking stream; for the others the
- * stream the memory was allocated on, as their own pools do) and is released once that
- * stream passes this point, then the memory goes back; nothing blocks. `_numba_free` is the
- * same function. */
-static PyObject *runtime_expose_free(PyObject *self, PyObject *args) {
-  spwpy_runtime_t *r = R(self);
-  PyObject *hobj, *eobj, *sobj = Py_None;
-  if (!PyArg_ParseTuple(args, "OO|O", &hobj, &eobj, &sobj)) return NULL;
-  spw_buf_t b;
-  spw_stream_t es, s;
-  if (spwpy_handle_from(hobj, &b) < 0 || spwpy_stream_from(eobj, &es) < 0 ||
-      spwpy_stream_from(sobj, &s) < 0)
-    return NULL;
-  if (!r->rt) Py_RETURN_NONE; /* the runtime went first (context reset): nothing to free */
-  int st = spwpy_on_stream(r, s, try_acquire_op, &b, 0);
-  int rel = spw_release(r->rt, b, es);
-  (void)spw_free(r->rt, b);
-  if (st == SPW_OK) {
-    int s2 = spw_release_n_async(r->rt, &b, 1, s);
-    /* Another thread synchronizing that stream may have released it already. */
-    if (s2 != SPW_OK && s2 != SPW_ERR_NOT_LOCKED && s2 != SPW_ERR_FREED) return spwpy_raise(r->rt, s2);
-  }
-  if (rel != SPW_OK && rel != SPW_ERR_NOT_LOCKED) return spwpy_raise(r->rt, rel);
-  Py_RETURN_NONE;
-}
-
 /* _address() -> int: the spw_runtime_t pointer, for the PyTorch allocator library
  * (spillway/torch.py registers it there together with _c_api_address()). */
 static PyObject *runtime_address(PyObject *self, PyObject *noargs) {
@@ -813,10 +740,12 @@ static PyMethodDef runtime_methods[] = {
     {"_stats", runtime_stats, METH_NOARGS, NULL},
     {"summary", runtime_summary, METH_NOARGS, NULL},
     {"memcpy", (PyCFunction)(void (*)(void))runtime_memcpy, METH_VARARGS | METH_KEYWORDS, NULL},
-    {"_numba_alloc", runtime_expose_alloc, METH_VARARGS, NULL},
-    {"_numba_free", runtime_expose_free, METH_VARARGS, NULL},
-    {"_expose_alloc", runtime_expose_alloc, METH_VARARGS, NULL},
-    {"_expose_free", runtime_expose_free, METH_VARARGS, NULL},
+    {"_numba_alloc", spwpy_runtime_expose_alloc, METH_VARARGS, NULL},
+    {"_numba_free", spwpy_runtime_expose_free, METH_VARARGS, NULL},
+    {"_expose_alloc", spwpy_runtime_expose_alloc, METH_VARARGS, NULL},
+    {"_expose_free", spwpy_runtime_expose_free, METH_VARARGS, NULL},
+    {"_allocate", spwpy_runtime_allocate, METH_VARARGS, NULL},
+    {"_usage", spwpy_runtime_usage, METH_NOARGS, NULL},
     {"_address", runtime_address, METH_NOARGS, NULL},
     {"_order_streams", runtime_order_streams, METH_VARARGS, NULL},
     {"_ctl_install", spwpy_runtime_ctl_install, METH_VARARGS, NULL},
