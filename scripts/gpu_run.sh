@@ -21,8 +21,10 @@
 #   soak-wait    waits for it and prints its result
 #   bench        spill_bw, oversubscribe (three runs), disk_bw, lock_latency, launch_overhead,
 #                the demo
-#   py-install, py-tests, py-dask, suite-builtin, suite-spillway, suite-compare, py-bench
-#                tests/python/run_gpu.sh's phases (numba-cuda's suite under both managers)
+#   py-install, py-tests, py-dask, suite-builtin, suite-spillway, suite-compare, py-bench,
+#   py-allocators
+#                tests/python/run_gpu.sh's phases (numba-cuda's suite under both managers;
+#                the CuPy, PyTorch and cuda.core allocators with their benchmark)
 #   peers        bench/peers/run_peers.sh (PyTorch and KvikIO next to Spillway); its options
 #                (e.g. "--tiers disk --sizes 1MiB,256MiB") in SPW_PEERS_ARGS: the arguments of
 #                this script are all phases
@@ -160,6 +162,7 @@ for phase in "$@"; do
   suite-spillway) py suite-spillway ;;
   suite-compare) py compare ;;
   py-bench) py bench ;;
+  py-allocators) py allocators ;;
   # shellcheck disable=SC2086 # SPW_PEERS_ARGS: run_peers.py's options, word-split
   peers) OUT=$logs/peers bench/peers/run_peers.sh run -- ${SPW_PEERS_ARGS:-} ;;
   pack) phase_pack ;;
