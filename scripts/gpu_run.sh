@@ -167,7 +167,7 @@ for phase in "$@"; do
   peers) OUT=$logs/peers bench/peers/run_peers.sh run -- ${SPW_PEERS_ARGS:-} ;;
   pack) phase_pack ;;
   *)
-    sed -n 3,33p "$0"
+    sed -n 3,38p "$0"
     exit 2
     ;;
   esac
