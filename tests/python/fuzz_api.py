@@ -65,6 +65,13 @@ size_values = st.one_of(
     st.sampled_from([None, 0, -1, 4096, 4 * MiB, 2**64 - 1, 2**64, 2**64 + 4096, "4MiB",
                      "16777216TiB", "1.5", " 12 k ", "x", "", 1.5, True, b"1"]))
 
+# The process's shared runtime of device 0 (spillway.process), which the allocators of
+# CuPy and cuda.core use; this file runs in a child interpreter, so it is this run's own.
+import spillway.process as P  # noqa: E402
+
+P.configure(backend=BACKEND, device_limit=2 * MiB, host_device_bytes=8 * MiB,
+            ignore_env=True, log_level="off")
+
 EXAMPLES = int(os.environ.get("SPILLWAY_FUZZ_EXAMPLES", "50"))
 STEPS = int(os.environ.get("SPILLWAY_FUZZ_STEPS", "20"))
 
@@ -291,6 +298,26 @@ class ApiMachine(RuleBasedStateMachine):
             except BufferError:
                 pass
         a.free()
+
+    @rule(data=st.data(), library=st.one_of(st.sampled_from(P.LIBRARIES), hostile),
+          nbytes=sizes, how=st.sampled_from(["free", "free-stream", "drop", "twice"]))
+    def lend_memory_to_a_library(self, data, library, nbytes, how):
+        """process.allocate with hostile arguments, then each way of giving it back; the
+        library's count of live allocations returns to what it was."""
+        before = {k: v["live"] for k, v in P.usage(0).items()}
+        a = call(P.allocate, library, nbytes, 0,
+                 data.draw(st.one_of(st.none(), hostile_streams), label="stream"))
+        if a is not None:
+            if how == "free-stream":
+                call(a.free, data.draw(st.one_of(st.none(), hostile_streams), label="free on"))
+            if how == "twice":
+                a.free()
+            if how != "drop":
+                a.free()
+            del a
+            P.runtime(0).synchronize()
+        after = {k: v["live"] for k, v in P.usage(0).items()}
+        assert after["cupy"] == before["cupy"] and after["cuda.core"] == before["cuda.core"]
 
     @rule(data=st.data())
     def controller_calls(self, data):

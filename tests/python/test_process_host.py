@@ -209,6 +209,42 @@ def test_out_of_memory_when_everything_is_locked_names_the_locked_bytes(shared):
         a.free()
 
 
+def test_many_threads_allocate_and_free_at_once_and_the_counts_add_up(shared):
+    errors = []
+    before = P.usage(0)["cupy"]["allocs"]
+
+    def work():
+        try:
+            for n in range(300):
+                a = P.allocate("cupy", (n % 5 + 1) * 4096)
+                if n % 2:
+                    a.free()
+                del a  # the other half: freed by garbage collection
+        except Exception as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors
+    u = P.usage(0)["cupy"]
+    assert u["live"] == 0 and u["live_bytes"] == 0 and u["allocs"] == before + 2400
+    settle(shared.runtime)
+    assert shared.runtime.stats().buffers == 0
+
+
+def test_a_free_on_something_that_is_not_a_stream_is_a_type_error(shared):
+    a = P.allocate("cupy", MiB)
+    with pytest.raises(TypeError):
+        a.free("stream")
+    with pytest.raises(TypeError):
+        a.free(None, None)
+    assert not a.freed
+    a.free()
+
+
 def test_an_unknown_library_is_a_value_error(shared):
     with pytest.raises(ValueError, match="library"):
         P.allocate("tensorflow", MiB)
