@@ -2,7 +2,7 @@
 """spillway.torch: Spillway as PyTorch's CUDA allocator.
 
     import torch, spillway.torch
-    spillway.torch.install()                 # before PyTorch's first CUDA allocation
+    spillway.torch.install()                 # before any torch.cuda call
 
 or, keeping PyTorch's caching allocator for everything else:
 
