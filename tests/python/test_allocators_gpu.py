@@ -69,6 +69,20 @@ def test_cupy_allocations_succeed_by_spilling_deferrable_arrays(cupy):
     _check(arrays)
 
 
+def test_cupy_allocations_on_a_non_blocking_stream_are_ordered_on_it(cupy):
+    import spillway.cupy as sc
+    import spillway.process as P
+    dev = cupy.cuda.runtime.getDevice()
+    s = cupy.cuda.Stream(non_blocking=True)
+    with cupy.cuda.using_allocator(sc.malloc), s:
+        for i in range(50):  # allocate, use and free on the stream, over and over
+            x = cupy.full(1 << 20, i, dtype=cupy.int32)
+            assert int(x.sum(dtype=cupy.int64)) == i << 20
+            del x
+        s.synchronize()
+    assert P.usage(dev)["cupy"]["live"] == 0
+
+
 def test_cupy_out_of_memory_when_nothing_can_be_spilled_names_the_locked_bytes(cupy):
     import spillway.cupy as sc
     import spillway.process as P
