@@ -178,7 +178,8 @@ ALL_THREE = textwrap.dedent("""
     cupy.cuda.set_allocator(sc.malloc)
     dev = torch.cuda.current_device()
     rt = P.runtime(dev)
-    arrays = [sn.to_device(np.full(2 << 20, i, np.float32)) for i in range(3 * {limit} // (8 << 20))]
+    arrays = [sn.to_device(np.full(2 << 20, i, np.float32))
+              for i in range(3 * {limit} // (8 << 20))]
     q = {limit} // 16                                   # int32 elements: a quarter of the budget
     n = cuda.to_device(np.ones(q, np.int32))            # Numba, through the EMM plugin
     c = cupy.full(q, 2, dtype=cupy.int32)               # CuPy

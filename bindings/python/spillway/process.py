@@ -24,8 +24,8 @@ from . import _spillway as _c
 from ._errors import BusyError
 from ._runtime import Runtime, StreamLike
 
-__all__ = ["configure", "configuration", "device", "runtime", "existing", "reset", "usage", "allocate",
-           "Allocation", "LIBRARIES", "Device"]
+__all__ = ["configure", "configuration", "device", "runtime", "existing", "reset", "usage",
+           "allocate", "Allocation", "LIBRARIES", "Device"]
 
 #: The libraries whose allocations usage() counts (besides deferrable arrays), as the
 #: extension names them.
