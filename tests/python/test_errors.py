@@ -36,3 +36,32 @@ def test_error_names_the_status_and_its_text(rt):
         b.release()
     assert str(e.value).startswith("SPW_ERR_NOT_LOCKED: buffer holds no lock on this stream")
     assert e.value.status == c.SPW_ERR_NOT_LOCKED
+
+
+class _OtherLibrarysOOM(MemoryError):
+    """Shaped as CuPy's cupy.cuda.memory.OutOfMemoryError: its own __init__ arguments."""
+
+    def __init__(self, size, total, limit=0):
+        super().__init__(f"Out of memory allocating {size} bytes")
+        self._size, self._total, self._limit = size, total, limit
+
+    def __reduce__(self):
+        return (type(self), (self._size, self._total, self._limit))
+
+
+def test_an_out_of_memory_error_can_also_be_another_librarys_whatever_its_init():
+    import pickle
+
+    from spillway._errors import _library_oom_class
+    cls = _library_oom_class(_OtherLibrarysOOM, "Both", __name__, "doc")
+    globals()["Both"] = cls  # so that pickle finds it by name, as it finds spillway.cupy's
+    st = spillway._spillway.SPW_ERR_OUT_OF_MEMORY
+    e = cls("SPW_ERR_OUT_OF_MEMORY: locked (details)", st, "details", 4096)
+    assert isinstance(e, spillway.OutOfMemoryError) and isinstance(e, _OtherLibrarysOOM)
+    assert isinstance(e, MemoryError)
+    assert (e.status, e.name, e.detail, str(e)) == (
+        st, "SPW_ERR_OUT_OF_MEMORY", "details", "SPW_ERR_OUT_OF_MEMORY: locked (details)")
+    with pytest.raises(_OtherLibrarysOOM):
+        raise e
+    back = pickle.loads(pickle.dumps(e))
+    assert type(back) is cls and str(back) == str(e) and back._size == 4096

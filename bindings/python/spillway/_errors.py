@@ -10,7 +10,7 @@ error is a :class:`MemoryError`, an invalid argument a :class:`ValueError`, and 
 """
 from __future__ import annotations
 
-from typing import Dict, Type
+from typing import Any, Dict, Type
 
 from . import _spillway as _c
 
@@ -158,3 +158,28 @@ for _type in (SpillwayError, *_BY_STATUS.values()):
     _type.__module__ = "spillway"
 
 _c._set_errors(SpillwayError, _BY_STATUS)
+
+
+def _library_oom_class(base: type, name: str, module: str, doc: str) -> Any:
+    """A class both OutOfMemoryError and `base`, another library's out-of-memory error (what
+    that library's code catches). Its __init__ calls BaseException's alone: the cooperative
+    chain would reach `base`'s own __init__, whose arguments differ (CuPy's takes (size,
+    total, limit)). ``Cls(message, status, detail, size)``; it pickles by those."""
+
+    def __init__(self: Any, message: str, status: int = _c.SPW_ERR_OUT_OF_MEMORY,
+                 detail: str = "", size: int = 0) -> None:
+        BaseException.__init__(self, message)
+        self.status = status
+        self.detail = detail
+        self.msg = message
+        self._size, self._total, self._limit = size, 0, 0  # the fields CuPy's class keeps
+
+    def __str__(self: Any) -> str:
+        return self.msg
+
+    def __reduce__(self: Any) -> Any:
+        return (type(self), (self.msg, self.status, self.detail, self._size))
+
+    return type(name, (OutOfMemoryError, base), {
+        "__init__": __init__, "__str__": __str__, "__reduce__": __reduce__, "__doc__": doc,
+        "__module__": module, "__qualname__": name})

@@ -17,24 +17,20 @@ from typing import Any
 import cupy
 
 from . import process as _process
-from ._errors import OutOfMemoryError
+from ._errors import OutOfMemoryError, _library_oom_class
 
 __all__ = ["malloc", "SpillwayCupyOutOfMemoryError"]
 
 _CupyOOM: Any = cupy.cuda.memory.OutOfMemoryError
 
 
-class SpillwayCupyOutOfMemoryError(OutOfMemoryError, _CupyOOM):
-    """Spillway could not make room for a CuPy allocation: both a spillway.OutOfMemoryError
-    (its detail names the locked bytes) and the cupy.cuda.memory.OutOfMemoryError that CuPy
-    code catches."""
-
-    def __init__(self, message: str, status: int, detail: str = "") -> None:
-        OutOfMemoryError.__init__(self, message, status, detail)
-        self.msg = message
-
-    def __str__(self) -> str:
-        return self.msg
+#: Spillway could not make room for a CuPy allocation: both a spillway.OutOfMemoryError (its
+#: text names the locked bytes) and the cupy.cuda.memory.OutOfMemoryError that CuPy code
+#: catches.
+SpillwayCupyOutOfMemoryError = _library_oom_class(
+    _CupyOOM, "SpillwayCupyOutOfMemoryError", __name__,
+    "Spillway could not make room for a CuPy allocation: a spillway.OutOfMemoryError and a "
+    "cupy.cuda.memory.OutOfMemoryError.")
 
 
 def malloc(size: int) -> Any:
@@ -52,7 +48,7 @@ def malloc(size: int) -> Any:
     try:
         a = _process.allocate("cupy", size, dev, stream.ptr)
     except OutOfMemoryError as e:
-        raise SpillwayCupyOutOfMemoryError(str(e), e.status, e.detail) from None
+        raise SpillwayCupyOutOfMemoryError(str(e), e.status, e.detail, size) from None
     # The Allocation is the owner: CuPy keeps it while any array uses the memory, and its
     # release frees the buffer.
     mem = cupy.cuda.memory.UnownedMemory(a.ptr, a.size, a, dev)
