@@ -136,3 +136,13 @@ def test_a_dropped_runtimes_controller_link_is_collected():
     del rt
     gc.collect()
     assert link() is None
+
+
+def test_device_is_the_ordinal_from_the_keyword_or_the_environment(monkeypatch):
+    monkeypatch.setenv("SPILLWAY_DEVICE", "3")
+    for kw, want in (({"device": 2}, 2), ({}, 3), ({"ignore_env": True}, 0)):
+        r = spillway.Runtime(backend="host", log_level="error", **kw)
+        try:
+            assert r.device == want, kw
+        finally:
+            r.close()
