@@ -14,11 +14,6 @@
 
 #include "handle_table.h"
 
-spw_hint_t *spw__hints_find(spw_hint_set_t *s, spw_buf_t buf) {
-  size_t i = spw__handle_index(buf);
-  return i < s->cap && s->cells[i].buf == buf ? &s->cells[i] : NULL;
-}
-
 static int grow(spw_hint_set_t *s, size_t index) {
   size_t cap = s->cap ? s->cap : 1024;
   while (cap <= index) cap *= 2;
@@ -38,13 +33,6 @@ spw_hint_t *spw__hints_add(spw_hint_set_t *s, spw_buf_t buf) {
   if (c->buf == 0) s->n++;
   *c = (spw_hint_t){.buf = buf}; /* empty, or a freed generation's: taken over */
   return c;
-}
-
-void spw__hints_remove(spw_hint_set_t *s, spw_buf_t buf) {
-  spw_hint_t *c = spw__hints_find(s, buf);
-  if (!c) return;
-  *c = (spw_hint_t){0};
-  s->n--;
 }
 
 void spw__hints_destroy(spw_hint_set_t *s) {
