@@ -30,12 +30,14 @@ spw_hint_t *spw__hints_add(spw_hint_set_t *s, spw_buf_t buf) {
   if (i >= s->cap && grow(s, i) != 0) return NULL;
   spw_hint_t *c = &s->cells[i];
   if (c->buf == buf) return c;
-  if (c->buf == 0) s->n++;
+  if (c->buf == 0) atomic_fetch_add(&s->n, 1);
   *c = (spw_hint_t){.buf = buf}; /* empty, or a freed generation's: taken over */
   return c;
 }
 
 void spw__hints_destroy(spw_hint_set_t *s) {
   free(s->cells);
-  *s = (spw_hint_set_t){0};
+  s->cells = NULL;
+  s->cap = 0;
+  atomic_store(&s->n, 0);
 }

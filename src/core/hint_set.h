@@ -9,11 +9,13 @@
  * leaves the set when the lane that acts on it takes it; a hint equal to a wish the lane has
  * taken is then a new one, queued again, once (the lane may have passed the buffer).
  *
- * Not thread-safe: the owner (jobs.c) holds its own mutex around every call.
+ * Not thread-safe: the owner (jobs.c) holds its own mutex around every call; only the
+ * count of entries may be read without it.
  */
 #ifndef SPILLWAY_CORE_HINT_SET_H
 #define SPILLWAY_CORE_HINT_SET_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -35,7 +37,11 @@ typedef struct spw_hint {
 
 typedef struct spw_hint_set {
   spw_hint_t *cells; /* one per slot index, up to the highest hinted (hint_set.c) */
-  size_t cap, n;
+  size_t cap;
+  /* Entries in the set. Written under the owner's mutex like the rest, but may be read
+   * without it: a hint that finds 0 knows there is no pending wish to cancel and skips the
+   * mutex (spw_prefetch of a resident buffer, spw_stats). */
+  atomic_size_t n;
 } spw_hint_set_t;
 
 /* The entry of `buf`, or NULL. Inline: the lanes look up every buffer of a batch. */
@@ -50,7 +56,7 @@ spw_hint_t *spw__hints_add(spw_hint_set_t *s, spw_buf_t buf);
 /* Removes the entry `e` (from spw__hints_find or spw__hints_add), without a second lookup. */
 static inline void spw__hints_drop(spw_hint_set_t *s, spw_hint_t *e) {
   *e = (spw_hint_t){0};
-  s->n--;
+  atomic_fetch_sub(&s->n, 1);
 }
 void spw__hints_destroy(spw_hint_set_t *s);
 

@@ -234,6 +234,10 @@ void spw__jobs_fulfilled(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier) {
   spw_wish_t wish = tier == SPW_TIER_DEVICE ? SPW_WISH_PREFETCH
                     : tier == SPW_TIER_DISK ? SPW_WISH_DISK
                                             : SPW_WISH_HOST;
+  /* The common case (no hint pending anywhere: a program that prefetches what it is about
+   * to use, or never hints at all) takes no lock. A hint sent before this call by this
+   * thread, or by one this call is ordered after, was counted before it was let go. */
+  if (atomic_load(&rt->hints.n) == 0) return;
   int replaced = 0;
   pthread_mutex_lock(&rt->hints_mu);
   spw_hint_t *e = spw__hints_find(&rt->hints, h);
@@ -248,9 +252,4 @@ void spw__jobs_fulfilled(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier) {
   if (replaced) atomic_fetch_add_explicit(&rt->c.hints_replaced, 1, memory_order_relaxed);
 }
 
-size_t spw__jobs_pending(spw_runtime_t *rt) {
-  pthread_mutex_lock(&rt->hints_mu);
-  size_t n = rt->hints.n;
-  pthread_mutex_unlock(&rt->hints_mu);
-  return n;
-}
+size_t spw__jobs_pending(spw_runtime_t *rt) { return atomic_load(&rt->hints.n); }
