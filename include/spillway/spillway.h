@@ -87,6 +87,14 @@ typedef enum spw_status {
 SPW_API const char *spw_strerror(int status);
 SPW_API const char *spw_err_name(int status);
 
+/* Whether a call that failed with `status` left the failure's own detail (CUDA's error text,
+ * the budget's numbers, the errno) in spw_last_error: 1 for SPW_ERR_CUDA, SPW_ERR_IO,
+ * SPW_ERR_SYSTEM, SPW_ERR_OUT_OF_MEMORY, SPW_ERR_HOST_OUT_OF_MEMORY and SPW_ERR_DISK_FULL,
+ * else 0 (then spw_last_error may hold an earlier failure's text, which the thread's text
+ * is never cleared of, and spw_strerror says all there is). Unknown codes give 0; there is
+ * no error. Thread-safe: a pure function of its argument. */
+SPW_API int spw_status_has_detail(int status);
+
 /* ---------------------------------------------------------------------------------------
  * Types
  * ------------------------------------------------------------------------------------- */

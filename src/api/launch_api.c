@@ -34,26 +34,10 @@
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
-/* Statuses whose failing call left its detail (CUDA's text, the budget's numbers, the
- * errno) in the thread's error text; the others are said by spw_strerror alone. */
-static int has_detail(int st) {
-  switch (st) {
-  case SPW_ERR_CUDA:
-  case SPW_ERR_IO:
-  case SPW_ERR_SYSTEM:
-  case SPW_ERR_OUT_OF_MEMORY:
-  case SPW_ERR_HOST_OUT_OF_MEMORY:
-  case SPW_ERR_DISK_FULL:
-    return 1;
-  default:
-    return 0;
-  }
-}
-
 /* Names the argument that failed in spw_last_error ("argument 2 (buffer 0x...):
  * SPW_ERR_FREED: buffer was freed (stale handle)"), keeping the failure's own detail. */
 static int arg_failed(spw_runtime_t *rt, int st, const char *what, size_t pos, spw_buf_t buf) {
-  const char *d = has_detail(st) ? spw_last_error(rt) : "";
+  const char *d = spw_status_has_detail(st) ? spw_last_error(rt) : "";
   char detail[384];
   snprintf(detail, sizeof detail, "%s", *d ? d : spw_strerror(st));
   return spw__set_error(rt, st, "%s %zu (buffer 0x%016" PRIx64 "): %s: %s", what, pos,
