@@ -6,7 +6,9 @@
 #include "completions.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "clock.h"
@@ -20,6 +22,7 @@ typedef struct spw_completion_item {
   uint64_t seq;
   spw_completion_cell_t *cell; /* while open: the cell that points here (under mu) */
   struct spw_completion_item *next;
+  max_align_t data[]; /* spw__completions_after_event_with: fn's argument, in the item */
 } item_t;
 
 struct spw_completions {
@@ -212,6 +215,16 @@ int spw__completions_after_event(spw_completions_t *c, spw_bevent_t *ev, spw_com
   item_t *it = malloc(sizeof *it);
   if (!it) return SPW_ERR_SYSTEM;
   *it = (item_t){.ev = ev, .owned = 0, .fn = fn, .arg = arg};
+  enqueue(c, it, NULL);
+  return SPW_OK;
+}
+
+int spw__completions_after_event_with(spw_completions_t *c, spw_bevent_t *ev, spw_completion_fn fn,
+                                      const void *data, size_t size) {
+  item_t *it = malloc(sizeof *it + size);
+  if (!it) return SPW_ERR_SYSTEM;
+  *it = (item_t){.ev = ev, .owned = 0, .fn = fn, .arg = it->data};
+  memcpy(it->data, data, size);
   enqueue(c, it, NULL);
   return SPW_OK;
 }

@@ -63,6 +63,11 @@ int spw__completions_join(spw_completions_t *c, spw_stream_t stream, spw_complet
 /* As spw__completions_after, and the new item becomes the cell's open item. */
 int spw__completions_after_open(spw_completions_t *c, spw_stream_t stream,
                                 spw_completion_cell_t *cell, spw_completion_fn fn, void *arg);
+/* The same with fn's argument copied into the item (`size` bytes of `data`; fn gets the
+ * copy, which lives until fn returns): one allocation per item instead of two, for the
+ * deferred frees that one acquire of a spilled buffer costs. */
+int spw__completions_after_event_with(spw_completions_t *c, spw_bevent_t *ev, spw_completion_fn fn,
+                                      const void *data, size_t size);
 /* A mark of what has been submitted so far, for spw__completions_flush_stream. `cell` (may
  * be NULL): the stream's cell, whose open item is sealed, so that no work enqueued after
  * the mark joins an item the flush would run. */

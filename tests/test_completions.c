@@ -79,8 +79,10 @@ static void start_and_join_across_gate(work_t *w) {
     int st = spw__completions_join(comp, s1, &cell, join_piece, &one);
     if (st == SPW_OK) return;
     ASSERT_STATUS(st, SPW_ERR_NOT_READY);
-    /* Picked up first: that item runs once the gate opens; start over behind a new gate. */
+    /* Picked up first (its event is before the gate): start over behind a new gate, once
+     * the stream has left this one. */
     gate_open(&g);
+    ASSERT_OK(ops->stream_sync(be, s1));
     spw__completions_drain(comp);
     ASSERT_EQ(atomic_load(&w->ran), 1);
     gate_fini(&g);
