@@ -62,7 +62,7 @@ static const char *const small_name[SMALL_NVAR] = {"per-buffer memcpy", "cudaMem
 /* Stage variants: Spillway's passes with one stage left out (see measure_spillway), seconds
  * per pass (median); 0 where not measured. */
 enum { STAGE_SPILL, STAGE_SPILL_NO_COPY, STAGE_SPILL_HINTS, STAGE_PREFETCH,
-       STAGE_PREFETCH_HINTS, STAGE_N };
+       STAGE_PREFETCH_HINTS, STAGE_ACQUIRE, STAGE_ACQUIRE_CALLS, STAGE_N };
 
 typedef struct result {
   uint64_t size;
@@ -109,17 +109,26 @@ static int prefetch_range(spw_runtime_t *rt, const spw_buf_t *b, size_t from, si
   return st != SPW_OK ? bench_fail(rt, "spw_wait_idle (prefetch)", st) : SPW_OK;
 }
 
-static int acquire_range(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to,
-                         spw_stream_t s) {
+/* `calls` (may be NULL): the time of the acquires alone, before the synchronize (what the
+ * calling thread spends enqueueing the copies back). */
+static int acquire_range_timed(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to,
+                               spw_stream_t s, double *calls) {
   int st = SPW_OK;
+  double t0 = bench_now();
   for (size_t i = from; i < to && st == SPW_OK; i++) {
     void *d;
     st = spw_acquire(rt, b[i], s, 0, &d);
     if (st != SPW_OK) bench_fail(rt, "spw_acquire", st);
   }
+  if (calls) *calls = bench_now() - t0;
   int sst = spw_stream_synchronize(rt, s); /* also drops the locks taken before a failure */
   if (st == SPW_OK && sst != SPW_OK) st = bench_fail(rt, "spw_stream_synchronize", sst);
   return st;
+}
+
+static int acquire_range(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to,
+                         spw_stream_t s) {
+  return acquire_range_timed(rt, b, from, to, s, NULL);
 }
 
 /* How many of b[from, to) are not in `want`. */
@@ -435,7 +444,8 @@ static int stage_pass(ctx_t *c, int spill, spw_state_t want, const char *what, d
  *  - spill without the copy: the buffers, resident with a clean host copy after the
  *    prefetch, spill again (claim, commit, device memory freed, no host memory taken and
  *    no byte copied); this pass runs in every round anyway, untimed without stages;
- *  - acquire (full).
+ *  - acquire (full), and its calls alone: the time of the spw_acquire loop before the
+ *    synchronize, the calling thread's own cost per spilled buffer it brings back.
  * So copy = full - without copy, and claim + host extent + commit + free = without copy -
  * bookkeeping only, each measured side by side in the same rounds. */
 static int measure_spillway(ctx_t *c) {
@@ -489,8 +499,9 @@ static int measure_spillway(ctx_t *c) {
     if (st != SPW_OK) break;
 
     t0 = bench_now();
-    st = acquire_range(rt, c->bufs, 0, n, c->s);
+    st = acquire_range_timed(rt, c->bufs, 0, n, c->s, &t_st[STAGE_ACQUIRE_CALLS][k]);
     t_acq[k] = bench_now() - t0;
+    t_st[STAGE_ACQUIRE][k] = t_acq[k];
     if (st != SPW_OK) break;
     off = count_not_in(rt, c->bufs, 0, n, SPW_STATE_RESIDENT);
     if (off) anomaly(c, "buffers not resident after the timed acquire", off);
@@ -612,25 +623,28 @@ static void print_stage_table(const result_t *r, size_t n) {
   printf("\nstage variants: µs per buffer (wall clock, request to idle, median)\n\n"
          "| size | count | spill | spill without copy | spill bookkeeping only | "
          "prefetch | prefetch bookkeeping only | spill: copy | spill: claim + commit | "
-         "prefetch: move |\n| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | "
-         "---: |\n");
+         "prefetch: move | acquire | acquire: calls |\n| ---: | ---: | ---: | ---: | ---: | "
+         "---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
   for (size_t i = 0; i < n; i++) {
     if (!(r[i].stage_s[STAGE_SPILL_HINTS] > 0)) continue;
     char sz[32];
     bench_fmt_size(r[i].size, sz, sizeof sz);
     double us[STAGE_N];
     for (int v = 0; v < STAGE_N; v++) us[v] = r[i].stage_s[v] * 1e6 / (double)r[i].count;
-    printf("| %s | %zu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", sz,
-           r[i].count, us[STAGE_SPILL], us[STAGE_SPILL_NO_COPY], us[STAGE_SPILL_HINTS],
+    printf("| %s | %zu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f "
+           "|\n", sz, r[i].count, us[STAGE_SPILL], us[STAGE_SPILL_NO_COPY], us[STAGE_SPILL_HINTS],
            us[STAGE_PREFETCH], us[STAGE_PREFETCH_HINTS], us[STAGE_SPILL] - us[STAGE_SPILL_NO_COPY],
            us[STAGE_SPILL_NO_COPY] - us[STAGE_SPILL_HINTS],
-           us[STAGE_PREFETCH] - us[STAGE_PREFETCH_HINTS]);
+           us[STAGE_PREFETCH] - us[STAGE_PREFETCH_HINTS], us[STAGE_ACQUIRE],
+           us[STAGE_ACQUIRE_CALLS]);
   }
   printf("\nbookkeeping only: spw_spill_n of buffers already on host, spw_prefetch_n of "
          "buffers already resident (argument checks, pending hints, the lane's take and look); "
          "without copy: a spill of buffers with a clean host copy (claim, commit, device "
-         "memory freed; no host memory, no byte copied). The last three columns are "
-         "differences of the variants, timed side by side in the same rounds.\n");
+         "memory freed; no host memory, no byte copied). spill: copy, claim + commit and "
+         "prefetch: move are differences of the variants, timed side by side in the same "
+         "rounds. acquire: one writable spw_acquire per spilled buffer, then a synchronize; "
+         "calls: the acquires alone, the calling thread's cost per buffer.\n");
 }
 
 static void print_tables(const bench_env_t *env, const result_t *r, size_t n) {
