@@ -30,8 +30,13 @@
  * pattern. Device and host limits are set to twice the largest working set, so no spill on
  * demand or background spill interferes. Nothing here asserts on time.
  *
+ * Stage variants (sizes below `stages-below`, default 1 MiB; 0 turns them off): Spillway's
+ * passes timed again where one or more stages have nothing to do, side by side in the same
+ * rounds, so that the time of each stage is a difference of two columns (measure_spillway
+ * says which); printed in a third table, in µs per buffer, and checked like the others.
+ *
  * Options (--NAME=VALUE or SPW_BENCH_NAME): sizes (list), total (bytes per size; the count
- * is total/size, at least 2, at most max-count), max-count, reps. Defaults on cuda: sizes
+ * is total/size, at least 2, at most max-count), max-count, reps, stages-below. Defaults on cuda: sizes
  * 4KiB..1GiB, total 1 GiB, max-count 65536 (4 KiB x 65536 = 256 MiB; 1 GiB x 2), reps 3; on
  * host: sizes 4KiB..64MiB, total 64 MiB, max-count 4096, reps 3.
  */
@@ -54,10 +59,16 @@ static const char *const small_name[SMALL_NVAR] = {"per-buffer memcpy", "cudaMem
 #define SMALL_MAX_SIZE BENCH_MIB /* variants run below this buffer size */
 #endif
 
+/* Stage variants: Spillway's passes with one stage left out (see measure_spillway), seconds
+ * per pass (median); 0 where not measured. */
+enum { STAGE_SPILL, STAGE_SPILL_NO_COPY, STAGE_SPILL_HINTS, STAGE_PREFETCH,
+       STAGE_PREFETCH_HINTS, STAGE_ACQUIRE, STAGE_ACQUIRE_CALLS, STAGE_N };
+
 typedef struct result {
   uint64_t size;
   size_t count;
   double spill, raw_d2h, prefetch, raw_h2d, acquire, big_d2h, big_h2d;
+  double stage_s[STAGE_N];
   double duplex, raw_duplex;
 #ifdef SPW_BENCH_HAVE_CUDA
   double small_d2h[SMALL_NVAR], small_h2d[SMALL_NVAR]; /* 0: not measured */
@@ -75,6 +86,7 @@ typedef struct ctx {
   size_t count;
   uint64_t size;
   unsigned reps;
+  uint64_t stages_below; /* stage variants for buffer sizes below this */
   result_t *res;
 } ctx_t;
 
@@ -97,17 +109,26 @@ static int prefetch_range(spw_runtime_t *rt, const spw_buf_t *b, size_t from, si
   return st != SPW_OK ? bench_fail(rt, "spw_wait_idle (prefetch)", st) : SPW_OK;
 }
 
-static int acquire_range(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to,
-                         spw_stream_t s) {
+/* `calls` (may be NULL): the time of the acquires alone, before the synchronize (what the
+ * calling thread spends enqueueing the copies back). */
+static int acquire_range_timed(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to,
+                               spw_stream_t s, double *calls) {
   int st = SPW_OK;
+  double t0 = bench_now();
   for (size_t i = from; i < to && st == SPW_OK; i++) {
     void *d;
     st = spw_acquire(rt, b[i], s, 0, &d);
     if (st != SPW_OK) bench_fail(rt, "spw_acquire", st);
   }
+  if (calls) *calls = bench_now() - t0;
   int sst = spw_stream_synchronize(rt, s); /* also drops the locks taken before a failure */
   if (st == SPW_OK && sst != SPW_OK) st = bench_fail(rt, "spw_stream_synchronize", sst);
   return st;
+}
+
+static int acquire_range(spw_runtime_t *rt, const spw_buf_t *b, size_t from, size_t to,
+                         spw_stream_t s) {
+  return acquire_range_timed(rt, b, from, to, s, NULL);
 }
 
 /* How many of b[from, to) are not in `want`. */
@@ -395,12 +416,45 @@ static int measure_small(ctx_t *c, void *dev, void *pinned) {
 }
 #endif /* SPW_BENCH_HAVE_CUDA */
 
+/* A pass timed as a stage variant: the same call as a full pass, on buffers where one or
+ * more stages have nothing to do. Afterwards every buffer must still be in `want` and the
+ * spill byte counter must not have grown (no bytes moved). */
+static int stage_pass(ctx_t *c, int spill, spw_state_t want, const char *what, double *t) {
+  spw_stats_t s0, s1;
+  int st = bench_get_stats(c->rt, &s0);
+  if (st != SPW_OK) return st;
+  double t0 = bench_now();
+  st = spill ? spill_range(c->rt, c->bufs, 0, c->count)
+             : prefetch_range(c->rt, c->bufs, 0, c->count, c->s);
+  *t = bench_now() - t0;
+  if (st == SPW_OK) st = bench_get_stats(c->rt, &s1);
+  if (st != SPW_OK) return st;
+  size_t off = count_not_in(c->rt, c->bufs, 0, c->count, want);
+  if (off) anomaly(c, what, off);
+  if (s1.spill_bytes != s0.spill_bytes || s1.unspill_bytes != s0.unspill_bytes)
+    anomaly(c, "a stage variant that moves no bytes moved some", 1);
+  return SPW_OK;
+}
+
+/* Each round times, in order: spill (full), then the stage variants where enabled:
+ *  - spill, bookkeeping only: spw_spill_n of buffers already on host (argument checks, the
+ *    pending hints, the down lane's take and its look at each buffer; no claim, no move);
+ *  - prefetch (full), then prefetch, bookkeeping only: spw_prefetch_n of buffers already
+ *    resident (the same, on the up lane);
+ *  - spill without the copy: the buffers, resident with a clean host copy after the
+ *    prefetch, spill again (claim, commit, device memory freed, no host memory taken and
+ *    no byte copied); this pass runs in every round anyway, untimed without stages;
+ *  - acquire (full), and its calls alone: the time of the spw_acquire loop before the
+ *    synchronize, the calling thread's own cost per spilled buffer it brings back.
+ * So copy = full - without copy, and claim + host extent + commit + free = without copy -
+ * bookkeeping only, each measured side by side in the same rounds. */
 static int measure_spillway(ctx_t *c) {
   spw_runtime_t *rt = c->rt;
   result_t *r = c->res;
   const size_t n = c->count;
   const uint64_t ws = c->size * n;
-  double t_spill[16], t_pre[16], t_acq[16], t_dup[16];
+  const int stages = c->size < c->stages_below;
+  double t_spill[16], t_pre[16], t_acq[16], t_dup[16], t_st[STAGE_N][16];
 
   /* Warm-up: the engine, the copy paths and the host arena see one full cycle. */
   int st = spill_range(rt, c->bufs, 0, n);
@@ -422,6 +476,10 @@ static int measure_spillway(ctx_t *c) {
     if (s1.spill_bytes - s0.spill_bytes != ws)
       anomaly(c, "spill byte counter did not grow by the working set",
               (size_t)(s1.spill_bytes - s0.spill_bytes));
+    t_st[STAGE_SPILL][k] = t_spill[k];
+    if (stages && (st = stage_pass(c, 1, SPW_STATE_HOST, "buffers not on host after the "
+                                   "bookkeeping-only spill", &t_st[STAGE_SPILL_HINTS][k])) != SPW_OK)
+      break;
 
     t0 = bench_now();
     st = prefetch_range(rt, c->bufs, 0, n, c->s);
@@ -429,13 +487,21 @@ static int measure_spillway(ctx_t *c) {
     if (st != SPW_OK) break;
     off = count_not_in(rt, c->bufs, 0, n, SPW_STATE_RESIDENT);
     if (off) anomaly(c, "buffers not resident after the timed prefetch", off);
+    t_st[STAGE_PREFETCH][k] = t_pre[k];
+    if (stages && (st = stage_pass(c, 0, SPW_STATE_RESIDENT, "buffers not resident after the "
+                                   "bookkeeping-only prefetch",
+                                   &t_st[STAGE_PREFETCH_HINTS][k])) != SPW_OK)
+      break;
 
-    st = spill_range(rt, c->bufs, 0, n); /* clean copies: no bytes move */
+    /* Clean copies: no bytes move. */
+    st = stage_pass(c, 1, SPW_STATE_HOST, "buffers not on host after the clean respill",
+                    &t_st[STAGE_SPILL_NO_COPY][k]);
     if (st != SPW_OK) break;
 
     t0 = bench_now();
-    st = acquire_range(rt, c->bufs, 0, n, c->s);
+    st = acquire_range_timed(rt, c->bufs, 0, n, c->s, &t_st[STAGE_ACQUIRE_CALLS][k]);
     t_acq[k] = bench_now() - t0;
+    t_st[STAGE_ACQUIRE][k] = t_acq[k];
     if (st != SPW_OK) break;
     off = count_not_in(rt, c->bufs, 0, n, SPW_STATE_RESIDENT);
     if (off) anomaly(c, "buffers not resident after the timed acquire", off);
@@ -444,6 +510,8 @@ static int measure_spillway(ctx_t *c) {
   r->spill = bench_gbs(ws, bench_median(t_spill, c->reps));
   r->prefetch = bench_gbs(ws, bench_median(t_pre, c->reps));
   r->acquire = bench_gbs(ws, bench_median(t_acq, c->reps));
+  if (stages)
+    for (int v = 0; v < STAGE_N; v++) r->stage_s[v] = bench_median(t_st[v], c->reps);
 
   /* Duplex. Every buffer is resident and dirty now; the second half goes to host first. */
   const size_t half = n / 2;
@@ -547,6 +615,38 @@ static void print_small_table(const result_t *r, size_t n) {
 }
 #endif
 
+/* The stage table: each variant's time per buffer, and the stages it isolates. */
+static void print_stage_table(const result_t *r, size_t n) {
+  int any = 0;
+  for (size_t i = 0; i < n; i++) any |= r[i].stage_s[STAGE_SPILL_HINTS] > 0;
+  if (!any) return;
+  printf("\nstage variants: µs per buffer (wall clock, request to idle, median)\n\n"
+         "| size | count | spill | spill without copy | spill bookkeeping only | "
+         "prefetch | prefetch bookkeeping only | spill: copy | spill: claim + commit | "
+         "prefetch: move | acquire | acquire: calls |\n| ---: | ---: | ---: | ---: | ---: | "
+         "---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (size_t i = 0; i < n; i++) {
+    if (!(r[i].stage_s[STAGE_SPILL_HINTS] > 0)) continue;
+    char sz[32];
+    bench_fmt_size(r[i].size, sz, sizeof sz);
+    double us[STAGE_N];
+    for (int v = 0; v < STAGE_N; v++) us[v] = r[i].stage_s[v] * 1e6 / (double)r[i].count;
+    printf("| %s | %zu | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f "
+           "|\n", sz, r[i].count, us[STAGE_SPILL], us[STAGE_SPILL_NO_COPY], us[STAGE_SPILL_HINTS],
+           us[STAGE_PREFETCH], us[STAGE_PREFETCH_HINTS], us[STAGE_SPILL] - us[STAGE_SPILL_NO_COPY],
+           us[STAGE_SPILL_NO_COPY] - us[STAGE_SPILL_HINTS],
+           us[STAGE_PREFETCH] - us[STAGE_PREFETCH_HINTS], us[STAGE_ACQUIRE],
+           us[STAGE_ACQUIRE_CALLS]);
+  }
+  printf("\nbookkeeping only: spw_spill_n of buffers already on host, spw_prefetch_n of "
+         "buffers already resident (argument checks, pending hints, the lane's take and look); "
+         "without copy: a spill of buffers with a clean host copy (claim, commit, device "
+         "memory freed; no host memory, no byte copied). spill: copy, claim + commit and "
+         "prefetch: move are differences of the variants, timed side by side in the same "
+         "rounds. acquire: one writable spw_acquire per spilled buffer, then a synchronize; "
+         "calls: the acquires alone, the calling thread's cost per buffer.\n");
+}
+
 static void print_tables(const bench_env_t *env, const result_t *r, size_t n) {
   char sz[32], ar[32];
   printf("| size | count | spill GB/s | raw D2H GB/s | ratio | unspill (prefetch) GB/s | "
@@ -572,6 +672,7 @@ static void print_tables(const bench_env_t *env, const result_t *r, size_t n) {
 #ifdef SPW_BENCH_HAVE_CUDA
   print_small_table(r, n);
 #endif
+  print_stage_table(r, n);
   printf("\ngoals%s:\n", env->kind == SPW_BACKEND_HOST
                              ? " (set for an H100/H200 over PCIe; the host backend's numbers "
                                "only show relative costs)"
@@ -616,7 +717,8 @@ static void print_tables(const bench_env_t *env, const result_t *r, size_t n) {
 }
 
 int main(int argc, char **argv) {
-  static const char *const known[] = {"sizes", "total", "max-count", "reps", NULL};
+  static const char *const known[] = {"sizes", "total", "max-count", "reps", "stages-below",
+                                      NULL};
   bench_env_t env;
   if (bench_opt_check(argc, argv, known) != SPW_OK || bench_env_init(&env) != SPW_OK) return 2;
   const int cuda = env.kind == SPW_BACKEND_CUDA;
@@ -625,13 +727,14 @@ int main(int argc, char **argv) {
                                         256 * BENCH_MIB, BENCH_GIB};
   static const uint64_t host_sizes[] = {4 * BENCH_KIB,  64 * BENCH_KIB, BENCH_MIB,
                                         4 * BENCH_MIB, 16 * BENCH_MIB, 64 * BENCH_MIB};
-  uint64_t sizes[BENCH_MAX_LIST], total, max_count, reps;
+  uint64_t sizes[BENCH_MAX_LIST], total, max_count, reps, stages_below;
   size_t nsizes = 0;
   if (bench_opt_size_list(argc, argv, "sizes", cuda ? cuda_sizes : host_sizes,
                           cuda ? 8 : 6, sizes, &nsizes) != SPW_OK ||
       bench_opt_size(argc, argv, "total", cuda ? BENCH_GIB : 64 * BENCH_MIB, &total) != SPW_OK ||
       bench_opt_uint(argc, argv, "max-count", cuda ? 65536 : 4096, &max_count) != SPW_OK ||
-      bench_opt_uint(argc, argv, "reps", 3, &reps) != SPW_OK)
+      bench_opt_uint(argc, argv, "reps", 3, &reps) != SPW_OK ||
+      bench_opt_size(argc, argv, "stages-below", BENCH_MIB, &stages_below) != SPW_OK)
     return 2;
   if (reps < 1 || reps > 16 || max_count < 2) {
     fprintf(stderr, "spill_bw: reps must be 1..16 and max-count >= 2\n");
@@ -656,7 +759,7 @@ int main(int argc, char **argv) {
   if (bench_runtime_create(&env, 2 * max_ws + 64 * BENCH_MIB, 2 * max_ws + 256 * BENCH_MIB, NULL,
                            &rt) != SPW_OK)
     return 1;
-  ctx_t c = {.env = &env, .rt = rt, .reps = (unsigned)reps};
+  ctx_t c = {.env = &env, .rt = rt, .reps = (unsigned)reps, .stages_below = stages_below};
   void *dev = NULL, *pinned = NULL;
   int st = spw_stream_create(rt, &c.s);
   if (st == SPW_OK) st = spw_stream_create(rt, &c.s2);

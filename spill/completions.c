@@ -6,19 +6,23 @@
 #include "completions.h"
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "clock.h"
 
-typedef struct item {
+typedef struct spw_completion_item {
   spw_bevent_t *ev;
   int owned;         /* ev is ours (from the pool), recorded on `stream` */
   spw_stream_t stream;
   spw_completion_fn fn;
   void *arg;
   uint64_t seq;
-  struct item *next;
+  spw_completion_cell_t *cell; /* while open: the cell that points here (under mu) */
+  struct spw_completion_item *next;
+  max_align_t data[]; /* spw__completions_after_event_with: fn's argument, in the item */
 } item_t;
 
 struct spw_completions {
@@ -35,6 +39,13 @@ struct spw_completions {
   int stop;
 };
 
+/* Closes an item to new work (mu held): from now on its event is never recorded again, so
+ * a query that finds it complete covers everything its function will release. */
+static void seal(item_t *it) {
+  if (it->cell && it->cell->open == it) it->cell->open = NULL;
+  it->cell = NULL;
+}
+
 /* Runs a finished item and gives its event back. */
 static void finish(spw_completions_t *c, item_t *it, int status) {
   it->fn(it->arg, status);
@@ -42,10 +53,19 @@ static void finish(spw_completions_t *c, item_t *it, int status) {
   free(it);
 }
 
-static void enqueue(spw_completions_t *c, item_t *it) {
+/* `cell`: the new item becomes its open item (may be NULL). */
+static void enqueue(spw_completions_t *c, item_t *it, spw_completion_cell_t *cell) {
   it->next = NULL;
+  it->cell = NULL;
   pthread_mutex_lock(&c->mu);
   it->seq = ++c->submitted;
+  if (cell) {
+    /* Another thread's item may be open there (two started at once): it stays pending,
+     * only closed to new work. */
+    if (cell->open) seal(cell->open);
+    cell->open = it;
+    it->cell = cell;
+  }
   if (c->tail) c->tail->next = it;
   else c->head = it;
   c->tail = it;
@@ -60,9 +80,11 @@ static void *poller(void *arg) {
   for (;;) {
     while (!c->head && !c->stop) pthread_cond_wait(&c->cv, &c->mu);
     if (!c->head && c->stop) break;
-    /* Detach the list so that the events are queried without the lock. */
+    /* Detach the list so that the events are queried without the lock; sealed first, so
+     * that nothing joins an item between its query and its function. */
     item_t *list = c->head;
     c->head = c->tail = NULL;
+    for (item_t *it = list; it; it = it->next) seal(it);
     c->busy = 1;
     pthread_mutex_unlock(&c->mu);
 
@@ -140,8 +162,8 @@ void spw__completions_stop(spw_completions_t *c) {
   free(c);
 }
 
-int spw__completions_after(spw_completions_t *c, spw_stream_t bstream, spw_completion_fn fn,
-                           void *arg) {
+static int after(spw_completions_t *c, spw_stream_t bstream, spw_completion_cell_t *cell,
+                 spw_completion_fn fn, void *arg) {
   item_t *it = malloc(sizeof *it);
   if (!it) return SPW_ERR_SYSTEM;
   int s = spw__event_get(c->events, &it->ev);
@@ -159,8 +181,33 @@ int spw__completions_after(spw_completions_t *c, spw_stream_t bstream, spw_compl
   it->fn = fn;
   it->arg = arg;
   it->stream = bstream;
-  enqueue(c, it);
+  enqueue(c, it, cell);
   return SPW_OK;
+}
+
+int spw__completions_after(spw_completions_t *c, spw_stream_t bstream, spw_completion_fn fn,
+                           void *arg) {
+  return after(c, bstream, NULL, fn, arg);
+}
+
+int spw__completions_after_open(spw_completions_t *c, spw_stream_t bstream,
+                                spw_completion_cell_t *cell, spw_completion_fn fn, void *arg) {
+  return after(c, bstream, cell, fn, arg);
+}
+
+int spw__completions_join(spw_completions_t *c, spw_stream_t bstream, spw_completion_cell_t *cell,
+                          spw_completion_join_fn join, const void *add) {
+  pthread_mutex_lock(&c->mu);
+  item_t *it = cell->open;
+  int st = SPW_ERR_NOT_READY;
+  /* Only an item of this very stream: a cell outlives its stream's incarnation. */
+  if (it && it->owned && it->stream == bstream) {
+    /* The record first: if it fails, nothing was joined and the item is as it was. */
+    st = c->ops->event_record(c->be, it->ev, bstream);
+    if (st == SPW_OK) st = join(it->arg, add);
+  }
+  pthread_mutex_unlock(&c->mu);
+  return st;
 }
 
 int spw__completions_after_event(spw_completions_t *c, spw_bevent_t *ev, spw_completion_fn fn,
@@ -168,7 +215,17 @@ int spw__completions_after_event(spw_completions_t *c, spw_bevent_t *ev, spw_com
   item_t *it = malloc(sizeof *it);
   if (!it) return SPW_ERR_SYSTEM;
   *it = (item_t){.ev = ev, .owned = 0, .fn = fn, .arg = arg};
-  enqueue(c, it);
+  enqueue(c, it, NULL);
+  return SPW_OK;
+}
+
+int spw__completions_after_event_with(spw_completions_t *c, spw_bevent_t *ev, spw_completion_fn fn,
+                                      const void *data, size_t size) {
+  item_t *it = malloc(sizeof *it + size);
+  if (!it) return SPW_ERR_SYSTEM;
+  *it = (item_t){.ev = ev, .owned = 0, .fn = fn, .arg = it->data};
+  memcpy(it->data, data, size);
+  enqueue(c, it, NULL);
   return SPW_OK;
 }
 
@@ -198,8 +255,9 @@ int spw__completions_drain_for(spw_completions_t *c, uint64_t timeout_ns) {
   return drained;
 }
 
-uint64_t spw__completions_mark(spw_completions_t *c) {
+uint64_t spw__completions_mark(spw_completions_t *c, spw_completion_cell_t *cell) {
   pthread_mutex_lock(&c->mu);
+  if (cell && cell->open) seal(cell->open);
   uint64_t m = c->submitted;
   pthread_mutex_unlock(&c->mu);
   return m;
@@ -216,6 +274,7 @@ void spw__completions_flush_stream(spw_completions_t *c, spw_stream_t bstream, u
   while (*link) {
     item_t *it = *link;
     if (it->owned && it->stream == bstream && it->seq <= mark) {
+      seal(it);
       *link = it->next;
       it->next = mine;
       mine = it;

@@ -15,6 +15,15 @@
 #include "event_pool.h"
 
 typedef struct spw_completions spw_completions_t;
+struct spw_completion_item;
+
+/* Where one stream's open item is kept, so that consecutive releases behind that stream share
+ * one item and one event (launches back to back: a record and an item each cost more than
+ * the launch). The caller owns one per stream and zeroes it once; this module reads and
+ * writes it only under its own lock. */
+typedef struct spw_completion_cell {
+  struct spw_completion_item *open; /* the item new work may join, or NULL */
+} spw_completion_cell_t;
 
 /* `status`: SPW_OK, or the error of the event query (the work may have failed: the function
  * still runs, so that what it releases does not leak). */
@@ -34,8 +43,35 @@ int spw__completions_after(spw_completions_t *c, spw_stream_t stream, spw_comple
  * fn run later. On error fn is never called. */
 int spw__completions_after_event(spw_completions_t *c, spw_bevent_t *ev, spw_completion_fn fn,
                                  void *arg);
-/* A mark of what has been submitted so far, for spw__completions_flush_stream. */
-uint64_t spw__completions_mark(spw_completions_t *c);
+/* Folds `add` into the argument of an open item. Runs under the module's lock: it must not
+ * block or call into this module. Returns SPW_OK, or an error with nothing folded. */
+typedef int (*spw_completion_join_fn)(void *open_arg, const void *add);
+/* Joins new work to the stream's open item (see spw_completion_cell_t): if `cell` holds an
+ * item on `stream` that the poller has not yet picked up, its event is recorded again on
+ * `stream`, so that it now also covers the work enqueued since, and join(its arg, add)
+ * folds the new work into what its function will run on. Both happen under the module's
+ * lock, so the poller never sees the item between the two. Returns SPW_OK when joined;
+ * SPW_ERR_NOT_READY when there is no open item (then the caller starts one with
+ * spw__completions_after_open); the record's or join's error (nothing joined, the item
+ * unchanged but for a later event, which only makes it run later).
+ * An item stays open from its start until the poller first picks it up (at most one
+ * polling round, 20 us to 1 ms), or until spw__completions_mark seals it: so the work that
+ * joins an item is bounded, and its function runs at most one round after the work would
+ * have completed without joining. */
+int spw__completions_join(spw_completions_t *c, spw_stream_t stream, spw_completion_cell_t *cell,
+                          spw_completion_join_fn join, const void *add);
+/* As spw__completions_after, and the new item becomes the cell's open item. */
+int spw__completions_after_open(spw_completions_t *c, spw_stream_t stream,
+                                spw_completion_cell_t *cell, spw_completion_fn fn, void *arg);
+/* The same with fn's argument copied into the item (`size` bytes of `data`; fn gets the
+ * copy, which lives until fn returns): one allocation per item instead of two, for the
+ * deferred frees that one acquire of a spilled buffer costs. */
+int spw__completions_after_event_with(spw_completions_t *c, spw_bevent_t *ev, spw_completion_fn fn,
+                                      const void *data, size_t size);
+/* A mark of what has been submitted so far, for spw__completions_flush_stream. `cell` (may
+ * be NULL): the stream's cell, whose open item is sealed, so that no work enqueued after
+ * the mark joins an item the flush would run. */
+uint64_t spw__completions_mark(spw_completions_t *c, spw_completion_cell_t *cell);
 /* Runs now what is pending for `stream` and was submitted up to `mark`, taken before the
  * caller synchronized the stream (so those events are complete): a synchronize releases the
  * locks of an earlier release_async too, but not those of one submitted by another thread

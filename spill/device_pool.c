@@ -148,6 +148,19 @@ int spw__dpool_alloc(spw_dpool_t *p, size_t bytes, spw_stream_t stream, void **o
   return SPW_ERR_OUT_OF_MEMORY; /* another thread took the whole new slab: caller retries */
 }
 
+size_t spw__dpool_alloc_n(spw_dpool_t *p, const size_t *bytes, size_t n, void **out) {
+  size_t k = 0;
+  pthread_mutex_lock(&p->mu);
+  for (; k < n && bytes[k] < SPW_DPOOL_SMALL; k++) {
+    uint32_t c = class_of(bytes[k]);
+    if (p->nfree[c] == 0) break;
+    out[k] = p->free[c][--p->nfree[c]];
+    slab_of(p, out[k])->free_blocks--;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return k;
+}
+
 void spw__dpool_free(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream) {
   if (!ptr) return;
   if (bytes >= SPW_DPOOL_SMALL) {

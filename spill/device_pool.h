@@ -30,6 +30,11 @@ void spw__dpool_destroy(spw_dpool_t *p);
 /* Device memory for `bytes`, usable by work enqueued on `stream` after the call (large: the
  * backend's alloc_async on `stream`; small: any stream). SPW_ERR_OUT_OF_MEMORY if refused. */
 int spw__dpool_alloc(spw_dpool_t *p, size_t bytes, spw_stream_t stream, void **out);
+/* Small blocks for bytes[0..n) from the free lists, under one hold of the lock (a batch of
+ * small buffers pays one lock, not one per buffer). Stops at the first size that is not
+ * small or whose free list is empty; returns how many, from the first, were served. The
+ * rest go through spw__dpool_alloc, which grows a slab when it must. */
+size_t spw__dpool_alloc_n(spw_dpool_t *p, const size_t *bytes, size_t n, void **out);
 /* Returns memory no work can touch any more (large: free_async on `stream`). NULL is a
  * no-op. */
 void spw__dpool_free(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream);

@@ -94,6 +94,26 @@ static void unknown_status_gives_unknown_status(void) {
   }
 }
 
+/* The statuses whose "see spw_last_error" text promises a detail are exactly those that
+ * spw_status_has_detail names, plus the two budget errors whose detail gives the numbers;
+ * success and unknown codes have none. */
+static void has_detail_names_the_statuses_that_record_one(void) {
+  const int with[] = {SPW_ERR_CUDA, SPW_ERR_IO, SPW_ERR_SYSTEM, SPW_ERR_OUT_OF_MEMORY,
+                      SPW_ERR_HOST_OUT_OF_MEMORY, SPW_ERR_DISK_FULL};
+  for (size_t i = 0; i < sizeof with / sizeof with[0]; i++)
+    ASSERT_EQ(spw_status_has_detail(with[i]), 1);
+  int counted = 0;
+#define COUNT_DETAIL(name, value, text)                                                      \
+  counted += spw_status_has_detail(SPW_##name);                                              \
+  if (strstr(text, "spw_last_error")) ASSERT_EQ(spw_status_has_detail(SPW_##name), 1);
+  SPW_STATUS_MAP(COUNT_DETAIL)
+#undef COUNT_DETAIL
+  ASSERT_EQ(counted, (int)(sizeof with / sizeof with[0]));
+  const int none[] = {SPW_OK, 1, -20, INT_MIN, INT_MAX};
+  for (size_t i = 0; i < sizeof none / sizeof none[0]; i++)
+    ASSERT_EQ(spw_status_has_detail(none[i]), 0);
+}
+
 static void null_runtime_is_invalid_arg(void) {
   spw_runtime_t *rt = test_runtime(NULL);
   spw_stream_t s;
@@ -529,6 +549,7 @@ static void stats_summary_is_nul_terminated_when_truncated(void) {
 static const spw_test_t tests[] = {
     TEST(every_status_has_its_name_and_text),
     TEST(unknown_status_gives_unknown_status),
+    TEST(has_detail_names_the_statuses_that_record_one),
     TEST(null_runtime_is_invalid_arg),
     TEST(destroy_of_null_runtime_does_nothing),
     TEST(last_error_is_never_null),

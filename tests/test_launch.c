@@ -118,6 +118,45 @@ static void release_waits_for_the_work_fn_enqueued(void) {
   gate_fini(&g);
 }
 
+/* Launches back to back share one pending release (one completion item, its event recorded
+ * again at each launch): each lock still goes only once its own launch's work has run. */
+static void back_to_back_launches_release_each_after_its_own_work(void) {
+  gate_t g;
+  gate_init(&g);
+  spw_buf_arg_t a0 = spw_buf_arg(b[0], 0, 0), a1 = spw_buf_arg(b[1], 0, 0),
+                a2 = spw_buf_arg(b[2], 0, 0);
+  seen_t w0 = {.rt = rt, .bufs = &b[0], .n = 1};
+  seen_t w1 = {.rt = rt, .bufs = &b[1], .n = 1, .gate = &g};
+  seen_t w2 = {.rt = rt, .bufs = &b[2], .n = 1};
+  ASSERT_OK(spw_lock_and_launch(rt, &a0, 1, s, 0, record_fn, &w0));
+  ASSERT_OK(spw_lock_and_launch(rt, &a1, 1, s, 0, record_fn, &w1));
+  ASSERT_OK(spw_lock_and_launch(rt, &a2, 1, s, 0, record_fn, &w2));
+  gate_await_entered(&g);
+  test_sleep_ms(50); /* many polling rounds */
+  /* b[0]'s own work has run; its release may wait for the later launches it shares an event
+   * with. b[1] and b[2] are behind the gate. */
+  ASSERT_EQ(locks_of(rt, b[1]), 1);
+  ASSERT_EQ(locks_of(rt, b[2]), 1);
+  ASSERT_STATUS(spw_spill(rt, b[2], SPW_TIER_HOST), SPW_ERR_LOCKED);
+  gate_open(&g);
+  expect_unlocked(3);
+  ASSERT_TRUE(!gate_timed_out(&g));
+  gate_fini(&g);
+}
+
+/* Many launches on one stream with nothing between them, and a synchronize: every release is
+ * carried out (none lost in a shared item), the last ones by the synchronize itself. */
+static void many_back_to_back_launches_lose_no_release(void) {
+  spw_buf_arg_t args[3] = {spw_buf_arg(b[0], 0, 0), spw_buf_arg(b[1], 0, SPW_ACQUIRE_READ),
+                           spw_buf_arg(b[2], 0, 0)};
+  seen_t w = {.rt = rt, .bufs = b, .n = 3};
+  for (int i = 0; i < 2000; i++)
+    ASSERT_OK(spw_lock_and_launch(rt, args, 1 + (size_t)(i % 3), s, 0, record_fn, &w));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  for (int i = 0; i < 3; i++) ASSERT_EQ(locks_of(rt, b[i]), 0);
+  ASSERT_EQ(w.calls, 2000);
+}
+
 typedef struct late_flag {
   atomic_int done;
 } late_flag_t;
@@ -501,6 +540,8 @@ static void waiting_calls_refuse_inside_a_callback(void) {
 static const spw_test_t tests[] = {
     TEST(fn_gets_each_device_pointer_plus_its_offset),
     TEST(release_waits_for_the_work_fn_enqueued),
+    TEST(back_to_back_launches_release_each_after_its_own_work),
+    TEST(many_back_to_back_launches_lose_no_release),
     TEST(blocking_launch_returns_with_work_done_and_locks_gone),
     TEST(async_launch_keeps_locks_until_stream_synchronize),
     TEST(one_bad_handle_locks_nothing),

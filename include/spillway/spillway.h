@@ -87,6 +87,14 @@ typedef enum spw_status {
 SPW_API const char *spw_strerror(int status);
 SPW_API const char *spw_err_name(int status);
 
+/* Whether a call that failed with `status` left the failure's own detail (CUDA's error text,
+ * the budget's numbers, the errno) in spw_last_error: 1 for SPW_ERR_CUDA, SPW_ERR_IO,
+ * SPW_ERR_SYSTEM, SPW_ERR_OUT_OF_MEMORY, SPW_ERR_HOST_OUT_OF_MEMORY and SPW_ERR_DISK_FULL,
+ * else 0 (then spw_last_error may hold an earlier failure's text, which the thread's text
+ * is never cleared of, and spw_strerror says all there is). Unknown codes give 0; there is
+ * no error. Thread-safe: a pure function of its argument. */
+SPW_API int spw_status_has_detail(int status);
+
 /* ---------------------------------------------------------------------------------------
  * Types
  * ------------------------------------------------------------------------------------- */
@@ -345,7 +353,9 @@ SPW_API int spw_release(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream);
  * fewer locks of `stream` than it appears in bufs, nothing changes and the call returns
  * SPW_ERR_NOT_LOCKED. Errors: SPW_ERR_INVALID_ARG (bufs NULL, n 0), SPW_ERR_INVALID_STREAM,
  * SPW_ERR_NOT_LOCKED, handle errors, SPW_ERR_CUDA / SPW_ERR_SYSTEM (nothing released or
- * scheduled). */
+ * scheduled). Releases behind one stream that follow each other closely (before the
+ * completion thread looks again, 20 us to 1 ms) share one event, recorded again by each: a
+ * lock may then go only once a later call's work has completed too, never before its own. */
 SPW_API int spw_release_n_async(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
                                 spw_stream_t stream);
 

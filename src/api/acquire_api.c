@@ -76,17 +76,17 @@ int spw_release_n_async(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
     st = spw__handles_lookup(&rt->handles, bufs[i], &s, &w);
     if (st != SPW_OK) return st;
   }
-  spw_buf_t *list = malloc(n * sizeof *list);
-  if (!list) return SPW_ERR_SYSTEM;
+  return spw__release_n_after(rt, e, bufs, n);
+}
+
+int spw__release_n_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_t *bufs,
+                         size_t n) {
   /* Out of the lock map first, all or nothing: a later synchronize must not release these
    * locks a second time, and a missing one must leave the map as it was. */
-  size_t removed = 0;
-  for (; removed < n && spw__lockmap_remove(e, bufs[removed]); removed++) list[removed] = bufs[removed];
-  st = removed == n ? spw__unlock_list_after(rt, e->bstream, list, n) : SPW_ERR_NOT_LOCKED;
-  if (st != SPW_OK) {
-    for (size_t i = 0; i < removed; i++)
-      if (spw__lockmap_push(e, list[i]) != SPW_OK) spw__unlock(rt, list[i]);
-    free(list);
-  }
+  if (!spw__lockmap_remove_n(e, bufs, n)) return SPW_ERR_NOT_LOCKED;
+  int st = spw__unlock_after(rt, e, bufs, n);
+  if (st != SPW_OK)
+    for (size_t i = 0; i < n; i++)
+      if (spw__lockmap_push(e, bufs[i]) != SPW_OK) spw__unlock(rt, bufs[i]);
   return st;
 }

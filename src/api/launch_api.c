@@ -5,15 +5,20 @@
  * offset per buffer (spw_acquire_args) and a stream wait that releases nothing
  * (spw_stream_wait).
  *
- * Built on the public calls: spw_acquire one buffer at a time (so a failure knows which
- * argument it was), spw_release to undo, and spw_release_n_async for the release of one
- * launch, which takes out of the stream's lock map exactly the locks the launch took and
- * leaves the stream's other locks alone. The runtime's insides are reached only for what
- * the API has no call for: the stream's backend handle (to wait on it, and to launch a
- * kernel through the backend seam) and the thread's error text (to name the argument).
+ * Built on what the public calls do: spw_acquire one buffer at a time (so a failure knows
+ * which argument it was), spw_release to undo, and spw_release_n_async for the release of
+ * one launch, which takes out of the stream's lock map exactly the locks the launch took
+ * and leaves the stream's other locks alone. The acquire and the release go straight to
+ * their insides (the lock and the lock map of the stream entry looked up once), since the
+ * launch has checked what they would check again per buffer; the runtime's insides are
+ * otherwise reached only for what the API has no call for: the stream's backend handle (to
+ * wait on it, and to launch a kernel through the backend seam) and the thread's error text
+ * (to name the argument).
  *
- * A launch of up to STACK_ARGS buffers or arguments allocates nothing here; the release it
- * schedules allocates in spw_release_n_async.
+ * A launch of up to STACK_ARGS buffers or arguments allocates nothing here. The release it
+ * schedules joins the stream's pending release when the poller has not picked that up yet
+ * (launches back to back share one completion item and one event, src/core/locks.c), and
+ * allocates only when it starts a new one.
  */
 #include <inttypes.h>
 #include <stdio.h>
@@ -21,6 +26,7 @@
 #include <string.h>
 
 #include "api.h"
+#include "locks.h"
 
 #define ARG_FLAGS (SPW_ACQUIRE_READ | SPW_ACQUIRE_TRY)
 #define LAUNCH_FLAGS (SPW_LAUNCH_BLOCK | SPW_LAUNCH_KEEP_LOCKS)
@@ -28,26 +34,10 @@
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
-/* Statuses whose failing call left its detail (CUDA's text, the budget's numbers, the
- * errno) in the thread's error text; the others are said by spw_strerror alone. */
-static int has_detail(int st) {
-  switch (st) {
-  case SPW_ERR_CUDA:
-  case SPW_ERR_IO:
-  case SPW_ERR_SYSTEM:
-  case SPW_ERR_OUT_OF_MEMORY:
-  case SPW_ERR_HOST_OUT_OF_MEMORY:
-  case SPW_ERR_DISK_FULL:
-    return 1;
-  default:
-    return 0;
-  }
-}
-
 /* Names the argument that failed in spw_last_error ("argument 2 (buffer 0x...):
  * SPW_ERR_FREED: buffer was freed (stale handle)"), keeping the failure's own detail. */
 static int arg_failed(spw_runtime_t *rt, int st, const char *what, size_t pos, spw_buf_t buf) {
-  const char *d = has_detail(st) ? spw_last_error(rt) : "";
+  const char *d = spw_status_has_detail(st) ? spw_last_error(rt) : "";
   char detail[384];
   snprintf(detail, sizeof detail, "%s", *d ? d : spw_strerror(st));
   return spw__set_error(rt, st, "%s %zu (buffer 0x%016" PRIx64 "): %s: %s", what, pos,
@@ -67,8 +57,9 @@ static void undo(spw_runtime_t *rt, const spw_buf_arg_t *a, size_t n, spw_stream
 /* Locks a[0..n) on `stream`, each with its own flags, and writes each device pointer +
  * offset to dptrs[i]. All or nothing; on failure spw_last_error names the entry as
  * "<what> <pos[i]>" (pos NULL: the index). The stream has been validated. */
-static int acquire_list(spw_runtime_t *rt, const spw_buf_arg_t *a, size_t n, spw_stream_t stream,
-                        void **dptrs, const char *what, const uint32_t *pos) {
+static int acquire_list(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_arg_t *a,
+                        size_t n, spw_stream_t stream, void **dptrs, const char *what,
+                        const uint32_t *pos) {
   for (size_t i = 0; i < n; i++)
     if ((a[i].flags & ~ARG_FLAGS) || a[i].reserved)
       return arg_failed(rt, SPW_ERR_INVALID_ARG, what, pos ? pos[i] : i, a[i].buf);
@@ -76,8 +67,12 @@ static int acquire_list(spw_runtime_t *rt, const spw_buf_arg_t *a, size_t n, spw
   int st = SPW_OK, past_end = 0;
   for (; i < n; i++) {
     void *p = NULL;
-    st = spw_acquire(rt, a[i].buf, stream, a[i].flags, &p);
+    st = spw__lock(rt, a[i].buf, e->bstream, a[i].flags, &p); /* spw_acquire's two steps */
     if (st != SPW_OK) break;
+    if ((st = spw__lockmap_push(e, a[i].buf)) != SPW_OK) {
+      spw__unlock(rt, a[i].buf);
+      break;
+    }
     if (a[i].offset != 0) {
       st = spw_buf_size(rt, a[i].buf, &size); /* fails only if freed since the acquire */
       if (st == SPW_OK && a[i].offset > size) {
@@ -105,16 +100,17 @@ static int acquire_list(spw_runtime_t *rt, const spw_buf_arg_t *a, size_t n, spw
  * (block). A release that cannot be scheduled falls back to waiting: a launch never leaves
  * its locks behind. If the wait fails, the work may still be running, so the locks stay in
  * the stream's lock map for spw_stream_synchronize, and the error is returned. */
-static int release_after(spw_runtime_t *rt, const spw_buf_arg_t *a, size_t n,
-                         spw_stream_t stream, int block) {
+static int release_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_arg_t *a,
+                         size_t n, spw_stream_t stream, int block) {
   if (n == 0) return block ? spw_stream_wait(rt, stream) : SPW_OK;
   if (!block) {
     spw_buf_t stack[STACK_ARGS] = {0}; /* zeroed only to quiet GCC's maybe-uninitialized */
     spw_buf_t *h = n <= STACK_ARGS ? stack : malloc(n * sizeof *h);
     int st = SPW_ERR_SYSTEM;
     if (h) {
+      /* spw_release_n_async without its checks: these locks were just taken on e. */
       for (size_t i = 0; i < n; i++) h[i] = a[i].buf;
-      st = spw_release_n_async(rt, h, n, stream);
+      st = spw__release_n_after(rt, e, h, n);
       if (h != stack) free(h);
     }
     /* The other errors mean the locks are not there to release: nothing to fall back to. */
@@ -153,7 +149,7 @@ int spw_acquire_args(spw_runtime_t *rt, const spw_buf_arg_t *args, size_t n, spw
   void *stack[STACK_ARGS];
   void **tmp = n <= STACK_ARGS ? stack : malloc(n * sizeof *tmp);
   if (!tmp) return SPW_ERR_SYSTEM;
-  st = acquire_list(rt, args, n, stream, tmp, "argument", NULL);
+  st = acquire_list(rt, e, args, n, stream, tmp, "argument", NULL);
   if (st == SPW_OK) memcpy(dptrs, tmp, n * sizeof *tmp);
   if (tmp != stack) free(tmp);
   return st;
@@ -171,13 +167,13 @@ int spw_lock_and_launch(spw_runtime_t *rt, const spw_buf_arg_t *args, size_t n,
   void *stack[STACK_ARGS];
   void **dptrs = n <= STACK_ARGS ? stack : malloc(n * sizeof *dptrs);
   if (!dptrs) return SPW_ERR_SYSTEM;
-  st = acquire_list(rt, args, n, stream, dptrs, "argument", NULL);
+  st = acquire_list(rt, e, args, n, stream, dptrs, "argument", NULL);
   if (st == SPW_OK) {
     int r = fn(user, dptrs, stream);
     /* A failed fn leaves nothing locked whatever the flags: its locks go once whatever it
      * did enqueue has completed. */
     if (r != 0 || !(flags & SPW_LAUNCH_KEEP_LOCKS))
-      st = release_after(rt, args, n, stream, r == 0 && (flags & SPW_LAUNCH_BLOCK));
+      st = release_after(rt, e, args, n, stream, r == 0 && (flags & SPW_LAUNCH_BLOCK));
     if (r != 0) st = r;
   }
   if (dptrs != stack) free(dptrs);
@@ -255,7 +251,7 @@ int spw_launch_kernel(spw_runtime_t *rt, const void *func, spw_dim3_t grid, spw_
       k.pos[nb++] = (uint32_t)i;
     }
   }
-  st = nb > 0 ? acquire_list(rt, k.bufs, nb, stream, k.dptrs, "kernel argument", k.pos) : SPW_OK;
+  st = nb > 0 ? acquire_list(rt, e, k.bufs, nb, stream, k.dptrs, "kernel argument", k.pos) : SPW_OK;
   if (st == SPW_OK) {
     /* The device pointers go into our own array; the caller's stays as it was. */
     for (size_t i = 0, j = 0; i < nargs; i++) {
@@ -276,7 +272,7 @@ int spw_launch_kernel(spw_runtime_t *rt, const void *func, spw_dim3_t grid, spw_
       undo(rt, k.bufs, nb, stream);
       spw__set_error(rt, st, "kernel launch: %s", *detail ? detail : spw_strerror(st));
     } else if (!(flags & SPW_LAUNCH_KEEP_LOCKS)) {
-      st = release_after(rt, k.bufs, nb, stream, flags & SPW_LAUNCH_BLOCK);
+      st = release_after(rt, e, k.bufs, nb, stream, flags & SPW_LAUNCH_BLOCK);
     }
   }
   free(heap);

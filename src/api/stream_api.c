@@ -23,7 +23,7 @@ static int sync_and_unlock(spw_runtime_t *rt, spw_stream_entry_t *e) {
   spw_buf_t *list;
   size_t n;
   spw__lockmap_detach(e, &list, &n);
-  uint64_t mark = spw__completions_mark(rt->completions);
+  uint64_t mark = spw__completions_mark(rt->completions, &e->release_cell);
   int st = rt->ops->stream_sync(rt->be, e->bstream);
   if (st != SPW_OK) {
     /* The work may still be running: keep every lock. */
@@ -107,8 +107,9 @@ int spw_stream_release_async(spw_runtime_t *rt, spw_stream_t stream) {
     free(list);
     return SPW_OK;
   }
-  st = spw__unlock_list_after(rt, e->bstream, list, n);
+  st = spw__unlock_after(rt, e, list, n);
   if (st != SPW_OK) put_back(rt, e, list, n);
+  else free(list);
   return st;
 }
 

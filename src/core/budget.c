@@ -205,25 +205,17 @@ static int reserve_for_hint(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
   return SPW_ERR_OUT_OF_MEMORY;
 }
 
-int spw__device_get_hint(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
-                         void **out) {
-  int st = reserve_for_hint(rt, bytes, own);
-  if (st != SPW_OK) return st;
-  st = spw__dpool_alloc(rt->dpool, bytes, stream, out);
-  if (st != SPW_OK) {
-    spw__budget_credit(rt, bytes);
-    return SPW_ERR_OUT_OF_MEMORY; /* no retries that wait: the hint is dropped */
-  }
-  return SPW_OK;
+int spw__device_reserve(spw_runtime_t *rt, size_t bytes, uint64_t own, int hint) {
+  return hint ? reserve_for_hint(rt, bytes, own) : spw__budget_reserve(rt, bytes, own);
 }
 
-int spw__device_get(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
-                    void **out) {
-  int st = spw__budget_reserve(rt, bytes, own);
-  if (st != SPW_OK) return st;
+int spw__device_alloc_reserved(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int hint,
+                               void **out) {
+  int st;
   for (int attempt = 0;; attempt++) {
     st = spw__dpool_alloc(rt->dpool, bytes, stream, out);
     if (st != SPW_ERR_OUT_OF_MEMORY) break;
+    if (hint) break; /* no retries that wait: the hint is dropped */
     /* The device refused although the budget allowed it (fragmentation, another process,
      * cached pool memory, frees still queued behind streams or events): let the queued
      * frees land, make room, give cached memory back, then retry. */
@@ -242,8 +234,23 @@ int spw__device_get(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64
     }
     if (moved == 0) wait_for_room(rt);
   }
-  if (st != SPW_OK) spw__budget_credit(rt, bytes);
+  if (st != SPW_OK) {
+    spw__budget_credit(rt, bytes);
+    if (hint) st = SPW_ERR_OUT_OF_MEMORY;
+  }
   return st;
+}
+
+int spw__device_get_hint(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
+                         void **out) {
+  int st = reserve_for_hint(rt, bytes, own);
+  return st != SPW_OK ? st : spw__device_alloc_reserved(rt, bytes, stream, 1, out);
+}
+
+int spw__device_get(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
+                    void **out) {
+  int st = spw__budget_reserve(rt, bytes, own);
+  return st != SPW_OK ? st : spw__device_alloc_reserved(rt, bytes, stream, 0, out);
 }
 
 void spw__device_free(spw_runtime_t *rt, void *ptr, size_t bytes, spw_bevent_t *after) {

@@ -53,6 +53,14 @@ int spw__device_get(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64
  * drops the buffer from its prefetch, which is no failure), SPW_ERR_NOT_READY (see `own`). */
 int spw__device_get_hint(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
                          void **out);
+/* The two halves of spw__device_get (hint 0) and spw__device_get_hint (hint 1), for a batch
+ * that reserves every buffer of a part first and then takes their memory at once (small
+ * blocks under one pool lock, spw__dpool_alloc_n): the reservation, with the errors of the
+ * whole call; and the allocation of memory already reserved, which gives the reservation
+ * back on failure (hint: SPW_ERR_OUT_OF_MEMORY at once, no retries that wait). */
+int spw__device_reserve(spw_runtime_t *rt, size_t bytes, uint64_t own, int hint);
+int spw__device_alloc_reserved(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int hint,
+                               void **out);
 /* Returns device memory: at once when no work can touch it, or, with `after` non-NULL,
  * once that event (recorded by the caller) has completed. spw__device_put also credits its
  * reservation (at once: the memory is on its way back); spw__device_free leaves that to

@@ -14,11 +14,6 @@
 
 #include "handle_table.h"
 
-spw_hint_t *spw__hints_find(spw_hint_set_t *s, spw_buf_t buf) {
-  size_t i = spw__handle_index(buf);
-  return i < s->cap && s->cells[i].buf == buf ? &s->cells[i] : NULL;
-}
-
 static int grow(spw_hint_set_t *s, size_t index) {
   size_t cap = s->cap ? s->cap : 1024;
   while (cap <= index) cap *= 2;
@@ -35,19 +30,14 @@ spw_hint_t *spw__hints_add(spw_hint_set_t *s, spw_buf_t buf) {
   if (i >= s->cap && grow(s, i) != 0) return NULL;
   spw_hint_t *c = &s->cells[i];
   if (c->buf == buf) return c;
-  if (c->buf == 0) s->n++;
+  if (c->buf == 0) atomic_fetch_add(&s->n, 1);
   *c = (spw_hint_t){.buf = buf}; /* empty, or a freed generation's: taken over */
   return c;
 }
 
-void spw__hints_remove(spw_hint_set_t *s, spw_buf_t buf) {
-  spw_hint_t *c = spw__hints_find(s, buf);
-  if (!c) return;
-  *c = (spw_hint_t){0};
-  s->n--;
-}
-
 void spw__hints_destroy(spw_hint_set_t *s) {
   free(s->cells);
-  *s = (spw_hint_set_t){0};
+  s->cells = NULL;
+  s->cap = 0;
+  atomic_store(&s->n, 0);
 }

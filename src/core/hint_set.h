@@ -5,18 +5,21 @@
  * buffer should be, not a command to carry out once per call: the set keeps at most one
  * pending wish per buffer, so however often a hint is sent, what the engine has left to do
  * never exceeds one move per buffer and lane run. A hint equal to the pending one merges
- * with it while it is queued; a different one replaces it (the newest wish wins). An entry
- * stays until the lane that acts on its wish has finished with the buffer; a hint equal to
- * a wish the lane has taken is queued again, once (the lane may have passed the buffer).
+ * with it while it is queued; a different one replaces it (the newest wish wins). A wish
+ * leaves the set when the lane that acts on it takes it; a hint equal to a wish the lane has
+ * taken is then a new one, queued again, once (the lane may have passed the buffer).
  *
- * Not thread-safe: the owner (jobs.c) holds its own mutex around every call.
+ * Not thread-safe: the owner (jobs.c) holds its own mutex around every call; only the
+ * count of entries may be read without it.
  */
 #ifndef SPILLWAY_CORE_HINT_SET_H
 #define SPILLWAY_CORE_HINT_SET_H
 
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdint.h>
 
+#include "handle_table.h"
 #include "spillway/spillway.h"
 
 typedef enum spw_wish {
@@ -28,27 +31,33 @@ typedef enum spw_wish {
 
 typedef struct spw_hint {
   spw_buf_t buf;  /* 0: an empty cell */
-  uint64_t stamp; /* when the wish was set (the set's `stamps`): a lane settles only the
-                     wish it took, not an equal one sent since (the buffer's entry may even
-                     have been removed and added again meanwhile) */
   uint8_t wish;   /* spw_wish_t */
   uint8_t queued; /* bit per lane (1 << spw_lane_t): the handle is in that lane's queue */
 } spw_hint_t;
 
 typedef struct spw_hint_set {
   spw_hint_t *cells; /* one per slot index, up to the highest hinted (hint_set.c) */
-  size_t cap, n;
-  uint64_t stamps; /* the last stamp given to a wish */
+  size_t cap;
+  /* Entries in the set. Written under the owner's mutex like the rest, but may be read
+   * without it: a hint that finds 0 knows there is no pending wish to cancel and skips the
+   * mutex (spw_prefetch of a resident buffer, spw_stats). */
+  atomic_size_t n;
 } spw_hint_set_t;
 
-/* The entry of `buf`, or NULL. */
-spw_hint_t *spw__hints_find(spw_hint_set_t *s, spw_buf_t buf);
+/* The entry of `buf`, or NULL. Inline: the lanes look up every buffer of a batch. */
+static inline spw_hint_t *spw__hints_find(spw_hint_set_t *s, spw_buf_t buf) {
+  size_t i = spw__handle_index(buf);
+  return i < s->cap && s->cells[i].buf == buf ? &s->cells[i] : NULL;
+}
 /* The entry of `buf`, added empty (wish NONE, queued 0) if absent, taking over the cell of
  * a freed buffer that had the same slot; NULL when out of memory. Pointers from earlier
  * calls may move. */
 spw_hint_t *spw__hints_add(spw_hint_set_t *s, spw_buf_t buf);
-/* Removes `buf`'s entry if there is one. */
-void spw__hints_remove(spw_hint_set_t *s, spw_buf_t buf);
+/* Removes the entry `e` (from spw__hints_find or spw__hints_add), without a second lookup. */
+static inline void spw__hints_drop(spw_hint_set_t *s, spw_hint_t *e) {
+  *e = (spw_hint_t){0};
+  atomic_fetch_sub(&s->n, 1);
+}
 void spw__hints_destroy(spw_hint_set_t *s);
 
 #endif /* SPILLWAY_CORE_HINT_SET_H */

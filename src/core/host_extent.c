@@ -11,32 +11,51 @@ typedef struct deferred_extent {
   spw_host_extent_t e;
 } deferred_extent_t;
 
-static void free_deferred(void *arg, int status) {
+/* Frees `arg`, a deferred_extent_t: malloc'd (behind a stream), or in its completion item
+ * (behind an event, `owned` 0: the item goes with it). */
+static void free_extent(void *arg) {
   deferred_extent_t *d = arg;
-  (void)status; /* the stream no longer runs either way */
   uint64_t bytes = d->e.bytes;
   spw__arena_free(d->rt->arena, &d->e);
   atomic_fetch_sub(&d->rt->c.host_deferred, bytes);
-  free(d);
+}
+
+static void free_deferred(void *arg, int status) {
+  (void)status; /* the stream no longer runs either way */
+  free_extent(arg);
+  free(arg);
+}
+
+static void free_deferred_in_item(void *arg, int status) {
+  (void)status;
+  free_extent(arg);
 }
 
 /* Defers the free of `e` behind a stream or an event (one of them NULL). */
 static void free_later(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream,
                        spw_bevent_t *ev) {
   if (!e->ptr) return;
-  deferred_extent_t *d = malloc(sizeof *d);
-  if (d) {
-    *d = (deferred_extent_t){rt, *e};
-    atomic_fetch_add(&rt->c.host_deferred, e->bytes);
-    int st = ev ? spw__completions_after_event(rt->completions, ev, free_deferred, d)
-                : spw__completions_after(rt->completions, stream, free_deferred, d);
-    if (st == SPW_OK) {
-      *e = (spw_host_extent_t){0};
-      return;
+  deferred_extent_t one = {rt, *e};
+  atomic_fetch_add(&rt->c.host_deferred, e->bytes);
+  int st = SPW_ERR_SYSTEM;
+  if (ev) {
+    /* One allocation: the extent travels in the completion item (every acquire of a
+     * spilled buffer defers one). */
+    st = spw__completions_after_event_with(rt->completions, ev, free_deferred_in_item, &one,
+                                           sizeof one);
+  } else {
+    deferred_extent_t *d = malloc(sizeof *d);
+    if (d) {
+      *d = one;
+      st = spw__completions_after(rt->completions, stream, free_deferred, d);
+      if (st != SPW_OK) free(d);
     }
-    atomic_fetch_sub(&rt->c.host_deferred, e->bytes);
-    free(d);
   }
+  if (st == SPW_OK) {
+    *e = (spw_host_extent_t){0};
+    return;
+  }
+  atomic_fetch_sub(&rt->c.host_deferred, e->bytes);
   /* No way to defer: wait, then free (correct, only slower). */
   if (ev) rt->ops->event_sync(rt->be, ev);
   else rt->ops->stream_sync(rt->be, stream);

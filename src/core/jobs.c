@@ -33,7 +33,6 @@ typedef struct job {
 typedef struct taken {
   spw_buf_t h;
   spw_wish_t wish;
-  uint64_t stamp; /* the wish's, as taken */
 } taken_t;
 
 static spw_lane_t lane_of(spw_wish_t w) { return w == SPW_WISH_PREFETCH ? SPW_LANE_UP : SPW_LANE_DOWN; }
@@ -76,7 +75,6 @@ static int submit(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_wish_t w
     }
     if (e->wish != SPW_WISH_NONE && e->wish != (uint8_t)wish) replaced++;
     e->wish = (uint8_t)wish;
-    e->stamp = ++rt->hints.stamps;
     if (e->queued & (1u << lane)) continue; /* queued there already for an older wish */
     e->queued |= (uint8_t)(1u << lane);
     j->hs[j->n++] = hs[i];
@@ -92,8 +90,12 @@ static int submit(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_wish_t w
   return st;
 }
 
-/* Takes the lane's queued buffers out of the set's queue: those whose wish is this lane's
- * are returned (malloc'd, *n of them), the others are left to the lane their wish names. */
+/* Takes the lane's queued buffers out of the set: those whose wish is this lane's are
+ * returned (malloc'd, *n of them), the others are left to the lane their wish names. A
+ * taken wish leaves the set at once (one pass over the buffers, not a second one to settle
+ * them when the run ends): from now on it is the lane's work, no longer a pending hint, so
+ * an equal hint sent while the lane works is queued again, once (the lane may have passed
+ * the buffer already), and a different one is a new wish, not a replacement. */
 static taken_t *take(spw_runtime_t *rt, spw_lane_t lane, spw_job_t *jobs, size_t *n) {
   size_t cap = 0;
   for (spw_job_t *l = jobs; l; l = l->next) cap += ((job_t *)(void *)l)->n;
@@ -107,30 +109,16 @@ static taken_t *take(spw_runtime_t *rt, spw_lane_t lane, spw_job_t *jobs, size_t
       if (!e) continue;
       e->queued &= (uint8_t) ~(1u << lane);
       if (e->wish != SPW_WISH_NONE && lane_of((spw_wish_t)e->wish) == lane) {
-        if (t) t[(*n)++] = (taken_t){j->hs[i], (spw_wish_t)e->wish, e->stamp};
-        else e->wish = SPW_WISH_NONE; /* no memory: dropped, as a hint may be */
+        /* Without memory for the list the wish is dropped, as a hint may be. */
+        if (t) t[(*n)++] = (taken_t){j->hs[i], (spw_wish_t)e->wish};
+        e->wish = SPW_WISH_NONE;
       }
-      if (e->wish == SPW_WISH_NONE && e->queued == 0) spw__hints_remove(&rt->hints, j->hs[i]);
+      if (e->wish == SPW_WISH_NONE && e->queued == 0) spw__hints_drop(&rt->hints, e);
     }
   }
   pthread_mutex_unlock(&rt->hints_mu);
   if (!t) spw__set_async_error(rt, SPW_ERR_SYSTEM);
   return t;
-}
-
-/* The lane is done with these buffers: their wishes are fulfilled (or could not be), unless
- * a newer one came meanwhile. Newer is by stamp, not by value: a wish replaced and then sent
- * again while the lane worked (prefetch, spill, prefetch) is equal to the one taken, but the
- * lane may already have passed the buffer, and only the next run carries it out. */
-static void settle(spw_runtime_t *rt, const taken_t *t, size_t n) {
-  pthread_mutex_lock(&rt->hints_mu);
-  for (size_t i = 0; i < n; i++) {
-    spw_hint_t *e = spw__hints_find(&rt->hints, t[i].h);
-    if (!e || e->stamp != t[i].stamp) continue;
-    e->wish = SPW_WISH_NONE;
-    if (e->queued == 0) spw__hints_remove(&rt->hints, t[i].h);
-  }
-  pthread_mutex_unlock(&rt->hints_mu);
 }
 
 /* One buffer of a spill request: a demotion runs at once, a spill is claimed into the batch
@@ -221,7 +209,6 @@ static void run(void *ctx, spw_lane_t lane, spw_job_t *jobs) {
   free_jobs(jobs);
   if (lane == SPW_LANE_DOWN) run_spills(rt, t, n);
   else run_prefetches(rt, t, n);
-  if (t) settle(rt, t, n);
   free(t);
   if (lane == SPW_LANE_DOWN) background(rt); /* locks released since the last kick may have left usage high */
 }
@@ -247,6 +234,10 @@ void spw__jobs_fulfilled(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier) {
   spw_wish_t wish = tier == SPW_TIER_DEVICE ? SPW_WISH_PREFETCH
                     : tier == SPW_TIER_DISK ? SPW_WISH_DISK
                                             : SPW_WISH_HOST;
+  /* The common case (no hint pending anywhere: a program that prefetches what it is about
+   * to use, or never hints at all) takes no lock. A hint sent before this call by this
+   * thread, or by one this call is ordered after, was counted before it was let go. */
+  if (atomic_load(&rt->hints.n) == 0) return;
   int replaced = 0;
   pthread_mutex_lock(&rt->hints_mu);
   spw_hint_t *e = spw__hints_find(&rt->hints, h);
@@ -254,17 +245,11 @@ void spw__jobs_fulfilled(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier) {
     /* The newest wish is that the buffer stay where it is: the lane that finds the older
      * one's handle in its queue now skips it. */
     e->wish = SPW_WISH_NONE;
-    e->stamp = ++rt->hints.stamps;
     replaced = 1;
-    if (e->queued == 0) spw__hints_remove(&rt->hints, h);
+    if (e->queued == 0) spw__hints_drop(&rt->hints, e);
   }
   pthread_mutex_unlock(&rt->hints_mu);
   if (replaced) atomic_fetch_add_explicit(&rt->c.hints_replaced, 1, memory_order_relaxed);
 }
 
-size_t spw__jobs_pending(spw_runtime_t *rt) {
-  pthread_mutex_lock(&rt->hints_mu);
-  size_t n = rt->hints.n;
-  pthread_mutex_unlock(&rt->hints_mu);
-  return n;
-}
+size_t spw__jobs_pending(spw_runtime_t *rt) { return atomic_load(&rt->hints.n); }

@@ -29,8 +29,13 @@ void spw__unlock_done(spw_runtime_t *rt, spw_buf_t h);
 /* Drops one lock of each buffer in `list` (malloc'd; freed here) now; `done` as for
  * spw__unlock_done. */
 void spw__unlock_list(spw_runtime_t *rt, spw_buf_t *list, size_t n, int done);
-/* The same once the work enqueued on `stream` so far has completed, without blocking. On
- * error nothing is scheduled and `list` stays the caller's. */
-int spw__unlock_list_after(spw_runtime_t *rt, spw_stream_t stream, spw_buf_t *list, size_t n);
+/* Drops one lock of each of bufs[0..n) (out of the stream's lock map already) once the work
+ * enqueued on e's stream so far has completed, without blocking; bufs stays the caller's.
+ * Releases behind one stream back to back share one completion item and one event, which
+ * is recorded again at each: so each release happens once the latest work joined to its
+ * item has completed, at most one polling round later than alone (completions.h). On error
+ * nothing is scheduled. */
+int spw__unlock_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_t *bufs,
+                      size_t n);
 
 #endif /* SPILLWAY_CORE_LOCKS_H */

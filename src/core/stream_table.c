@@ -156,6 +156,23 @@ int spw__lockmap_remove(spw_stream_entry_t *e, spw_buf_t b) {
   return found;
 }
 
+int spw__lockmap_remove_n(spw_stream_entry_t *e, const spw_buf_t *bufs, size_t n) {
+  spw__spin_lock(&e->lock_mu);
+  size_t k = 0;
+  for (; k < n; k++) {
+    size_t i = e->nlocks;
+    while (i-- > 0 && e->locks[i] != bufs[k]) {
+    }
+    if (i == SIZE_MAX) break;
+    e->locks[i] = e->locks[--e->nlocks];
+  }
+  /* A missing one: the removed ones go back at the end, in the room they left. */
+  if (k < n)
+    for (size_t j = 0; j < k; j++) e->locks[e->nlocks++] = bufs[j];
+  spw__spin_unlock(&e->lock_mu);
+  return k == n;
+}
+
 void spw__lockmap_detach(spw_stream_entry_t *e, spw_buf_t **out, size_t *n) {
   spw__spin_lock(&e->lock_mu);
   *out = e->locks;

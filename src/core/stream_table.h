@@ -20,6 +20,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 
+#include "completions.h"
 #include "spillway/spillway.h"
 #include "spin.h"
 
@@ -33,6 +34,9 @@ typedef struct spw_stream_entry {
   spw_spin_t lock_mu;
   spw_buf_t *locks;
   size_t nlocks, cap;
+  /* The release behind this stream that later releases may still join (locks.c); under the
+   * completion poller's lock. Kept across incarnations: an item joins only its own stream. */
+  spw_completion_cell_t release_cell;
 } spw_stream_entry_t;
 
 typedef struct spw_stream_table {
@@ -55,6 +59,9 @@ int spw__streams_insert(spw_stream_table_t *t, spw_stream_t s, spw_stream_t bstr
 int spw__lockmap_push(spw_stream_entry_t *e, spw_buf_t b);
 /* Removes one entry equal to b; returns 1 if found. */
 int spw__lockmap_remove(spw_stream_entry_t *e, spw_buf_t b);
+/* Removes one entry for each of bufs[0..n), all or nothing, under one hold of the spin
+ * lock; returns 1 if every one was found (else the map keeps all its entries). */
+int spw__lockmap_remove_n(spw_stream_entry_t *e, const spw_buf_t *bufs, size_t n);
 /* Takes every entry out: *out (malloc'd, caller frees) and *n. */
 void spw__lockmap_detach(spw_stream_entry_t *e, spw_buf_t **out, size_t *n);
 /* Puts detached entries back (after a failed synchronize); returns how many, from the

@@ -81,11 +81,19 @@ typedef struct up_item {
   spw_move_end_t end;
 } up_item_t;
 
+/* Per-part scratch for the part's memory, taken at once once every item is reserved. */
+typedef struct up_scratch {
+  size_t idx[UP_PART_ITEMS];
+  size_t bytes[UP_PART_ITEMS];
+  void *ptr[UP_PART_ITEMS];
+} up_scratch_t;
+
 typedef struct up_run {
   spw_runtime_t *rt;
   up_item_t *it;
   size_t n;
   spw_copy_desc_t *descs;
+  up_scratch_t *scratch;
   spw_stream_t h2d;
   uint64_t held;  /* reserved for items not yet committed (this part and the one in flight) */
   int hint;       /* a prefetch hint: room as spw__device_get_hint gives it */
@@ -94,20 +102,32 @@ typedef struct up_run {
   uint64_t moved_bytes;
 } up_run_t;
 
+/* An item reserved but given no memory: its reservation goes back, and a hint's item is
+ * dropped with the rest of the request (the device refused what the budget allowed). */
+static void up_unreserve(up_run_t *r, up_item_t *it, int st) {
+  r->held -= it->m.size;
+  it->status = st;
+  if (r->hint) {
+    r->full = 1;
+    it->dropped = 1;
+  }
+}
+
 static void up_start(void *ctx, spw_part_t *p) {
   up_run_t *r = ctx;
-  size_t nd = 0, i = p->first;
+  up_scratch_t *sc = r->scratch;
+  size_t i = p->first, k = 0;
   uint64_t bytes = 0;
+  /* Room first, item by item (making it may spill); then the memory of every item that got
+   * room, small blocks under one pool lock rather than one each. */
   for (; i < r->n && i - p->first < UP_PART_ITEMS; i++) {
     up_item_t *it = &r->it[i];
     if (i > p->first && bytes + it->m.size > UP_PART_BYTES) break;
     if (r->full) {
       it->status = SPW_ERR_OUT_OF_MEMORY;
-    } else if (r->hint) {
-      it->status = spw__device_get_hint(r->rt, it->m.size, r->h2d, r->held, &it->d);
-      r->full = it->status == SPW_ERR_OUT_OF_MEMORY;
     } else {
-      it->status = spw__device_get(r->rt, it->m.size, r->h2d, r->held, &it->d);
+      it->status = spw__device_reserve(r->rt, it->m.size, r->held, r->hint);
+      if (r->hint) r->full = it->status == SPW_ERR_OUT_OF_MEMORY;
     }
     /* Room that only what this prefetch holds can give: finish what is in flight first. */
     if (it->status == SPW_ERR_NOT_READY) break;
@@ -116,10 +136,30 @@ static void up_start(void *ctx, spw_part_t *p) {
     bytes += it->m.size;
     if (it->status != SPW_OK) continue;
     r->held += it->m.size;
+    sc->idx[k] = i;
+    sc->bytes[k++] = it->m.size;
+  }
+  p->count = i - p->first;
+  size_t got = spw__dpool_alloc_n(r->rt->dpool, sc->bytes, k, sc->ptr), nd = 0;
+  for (size_t j = 0; j < k; j++) {
+    up_item_t *it = &r->it[sc->idx[j]];
+    if (j < got) {
+      it->d = sc->ptr[j];
+    } else if (r->full) {
+      spw__budget_credit(r->rt, it->m.size); /* a hint whose earlier item got no memory */
+      up_unreserve(r, it, SPW_ERR_OUT_OF_MEMORY);
+      continue;
+    } else {
+      int st = spw__device_alloc_reserved(r->rt, it->m.size, r->h2d, r->hint, &it->d);
+      if (st != SPW_OK) { /* the reservation went back with the failure */
+        it->d = NULL;
+        up_unreserve(r, it, st);
+        continue;
+      }
+    }
     /* The host extent is stable: the slot is UNSPILLING and only this thread moves it. */
     r->descs[nd++] = (spw_copy_desc_t){it->d, it->m.from.host.ptr, it->m.size};
   }
-  p->count = i - p->first;
   spw__part_copy(r->rt, p, r->descs, nd, SPW_COPY_H2D, r->h2d);
 }
 
@@ -154,9 +194,11 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int
   up_run_t r = {.rt = rt, .h2d = spw__h2d(rt), .hint = hint};
   r.it = malloc(n * sizeof *r.it);
   r.descs = malloc((n < UP_PART_ITEMS ? n : UP_PART_ITEMS) * sizeof *r.descs);
-  if (!r.it || !r.descs) {
+  r.scratch = malloc(sizeof *r.scratch);
+  if (!r.it || !r.descs || !r.scratch) {
     free(r.it);
     free(r.descs);
+    free(r.scratch);
     spw__set_async_error(rt, SPW_ERR_SYSTEM);
     return 0;
   }
@@ -172,6 +214,7 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int
   spw_pipeline_t pl = {.n = r.n, .start = up_start, .finish = up_finish, .ctx = &r};
   spw__pipeline_run(&pl);
   free(r.descs);
+  free(r.scratch);
   uint64_t dt = spw__now_ns() - t0;
   atomic_fetch_add(&rt->c.unspills, r.moved);
   atomic_fetch_add(&rt->c.unspill_bytes, r.moved_bytes);

@@ -81,7 +81,7 @@ extern const spwpy_named_t spwpy_tiers[], spwpy_states[], spwpy_backends[], spwp
 /* ---- errors ---------------------------------------------------------------------------- */
 
 /* Raises the exception class registered for `status`. Its detail is spw_last_error(rt)
- * only for the statuses whose failing call records one (as launch_api.c's has_detail):
+ * only for the statuses whose failing call records one (spw_status_has_detail):
  * the thread's text is never cleared, so for any other status it would be an earlier
  * error's. rt may be NULL. Returns NULL. */
 PyObject *spwpy_raise(spw_runtime_t *rt, int status);

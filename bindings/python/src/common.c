@@ -62,24 +62,8 @@ static PyObject *raise_with(int status, const char *detail) {
   return NULL;
 }
 
-/* The statuses whose failing call leaves its own text in spw_last_error (the same list as
- * launch_api.c's has_detail). */
-static int has_detail(int status) {
-  switch (status) {
-  case SPW_ERR_CUDA:
-  case SPW_ERR_IO:
-  case SPW_ERR_SYSTEM:
-  case SPW_ERR_OUT_OF_MEMORY:
-  case SPW_ERR_HOST_OUT_OF_MEMORY:
-  case SPW_ERR_DISK_FULL:
-    return 1;
-  default:
-    return 0;
-  }
-}
-
 PyObject *spwpy_raise(spw_runtime_t *rt, int status) {
-  return raise_with(status, rt && has_detail(status) ? spw_last_error(rt) : "");
+  return raise_with(status, rt && spw_status_has_detail(status) ? spw_last_error(rt) : "");
 }
 
 PyObject *spwpy_raise_detail(int status, const char *detail) { return raise_with(status, detail); }
