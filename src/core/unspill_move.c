@@ -25,7 +25,7 @@ int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, un
   spw_slot_t *s = m->s;
   void *d = NULL;
   int copied = 0, recorded = 0;
-  int st = spw__device_get(rt, m->size, stream, 0, &d);
+  int st = spw__device_get(rt, m->size, stream, 0, spw__slot_va(s), &d);
   if (st == SPW_OK) {
     /* One copy on a copy engine, as a raw per-buffer copy would be: the batch kernel pays
      * off over many buffers, not one. */
@@ -104,10 +104,12 @@ static void up_start(void *ctx, spw_part_t *p) {
     if (r->full) {
       it->status = SPW_ERR_OUT_OF_MEMORY;
     } else if (r->hint) {
-      it->status = spw__device_get_hint(r->rt, it->m.size, r->h2d, r->held, &it->d);
+      it->status = spw__device_get_hint(r->rt, it->m.size, r->h2d, r->held,
+                                        spw__slot_va(it->m.s), &it->d);
       r->full = it->status == SPW_ERR_OUT_OF_MEMORY;
     } else {
-      it->status = spw__device_get(r->rt, it->m.size, r->h2d, r->held, &it->d);
+      it->status = spw__device_get(r->rt, it->m.size, r->h2d, r->held, spw__slot_va(it->m.s),
+                                   &it->d);
     }
     /* Room that only what this prefetch holds can give: finish what is in flight first. */
     if (it->status == SPW_ERR_NOT_READY) break;
