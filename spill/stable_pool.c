@@ -16,9 +16,14 @@
  *
  * Invariants (under mu):
  *  - a block is in exactly one of: free (on its page's free stack or past `next`), owned
- *    (reserved, not dead), dead (unreserved while still mapped: freed by its unmap);
- *  - page->resident == number of mapped blocks; the page's chunk is mapped iff resident > 0;
- *  - a large region is mapped iff `mapped`; a dead one is freed by its unmap;
+ *    (reserved, not dead), dead (unreserved while still mapped: freed by its last unmap);
+ *  - maps are counted, per block and per large region: a buffer's memory is mapped while
+ *    its count is above 0. A spill commits before it unmaps (the unmap follows the commit,
+ *    outside the slot's mutex), so an unspill may map the buffer again before the spill's
+ *    unmap came: the count keeps the memory mapped for it, and the late unmap only lowers
+ *    the count. The core pairs every map with one unmap, as it pairs allocations and frees;
+ *  - page->resident == number of blocks with maps > 0; the page's chunk is mapped iff
+ *    resident > 0; a large region's chunks are mapped iff maps > 0;
  *  - pooled chunks are mapped nowhere; npool * gran <= pool_cap.
  */
 #include "stable_pool.h"
@@ -38,21 +43,22 @@ typedef struct region {
   size_t span;  /* bytes reserved: whole granules */
   int small;
   /* large */
-  int mapped, dead;
+  uint32_t lmaps;   /* outstanding maps: mapped iff > 0 */
+  int dead;
   uint64_t *chunks; /* span / gran handles while mapped */
   /* small page */
   uint32_t cls, block, blocks; /* class, block size, blocks per page */
   uint32_t next;               /* blocks [next, blocks) were never handed out */
   uint32_t live;               /* owned or dead blocks */
-  uint32_t resident;           /* mapped blocks */
+  uint32_t resident;           /* mapped blocks (maps[b] > 0) */
   uint32_t *free_stack;        /* blocks given back, reused first */
   uint32_t nfree;
   uint8_t *state;              /* per block: BLOCK_* bits */
+  uint16_t *bmaps;             /* per block: outstanding maps */
   uint64_t chunk;              /* while resident > 0 */
 } region_t;
 
 #define BLOCK_OWNED 0x1u
-#define BLOCK_MAPPED 0x2u
 #define BLOCK_DEAD 0x4u
 
 struct spw_stable {
@@ -148,6 +154,7 @@ static void drop(spw_stable_t *sp, region_t *r) {
   free(r->chunks);
   free(r->free_stack);
   free(r->state);
+  free(r->bmaps);
   free(r);
 }
 
@@ -203,7 +210,8 @@ static int reserve_small(spw_stable_t *sp, size_t bytes, void **out) {
     page->blocks = (uint32_t)(sp->gran / page->block);
     page->free_stack = malloc(page->blocks * sizeof *page->free_stack);
     page->state = calloc(page->blocks, 1);
-    if (!page->free_stack || !page->state || insert(sp, page) != SPW_OK) {
+    page->bmaps = calloc(page->blocks, sizeof *page->bmaps);
+    if (!page->free_stack || !page->state || !page->bmaps || insert(sp, page) != SPW_OK) {
       drop(sp, page);
       return SPW_ERR_SYSTEM;
     }
@@ -239,13 +247,13 @@ static void free_block(spw_stable_t *sp, region_t *page, uint32_t b) {
 void spw__stable_unreserve(spw_stable_t *sp, void *va) {
   pthread_mutex_lock(&sp->mu);
   region_t *r = find(sp, va, NULL);
-  if (r && !r->small && r->va == va) {
-    if (r->mapped) r->dead = 1; /* the last unmap frees it */
+  if (r && !r->small && r->va == va && !r->dead) {
+    if (r->lmaps > 0) r->dead = 1; /* the last unmap frees it */
     else drop(sp, r);
   } else if (r && r->small) {
     uint32_t b = block_of(r, va);
-    if (b != UINT32_MAX && b < r->next && (r->state[b] & BLOCK_OWNED)) {
-      if (r->state[b] & BLOCK_MAPPED) r->state[b] = BLOCK_MAPPED | BLOCK_DEAD;
+    if (b != UINT32_MAX && b < r->next && r->state[b] == BLOCK_OWNED) {
+      if (r->bmaps[b] > 0) r->state[b] = BLOCK_DEAD;
       else free_block(sp, r, b);
     }
   }
@@ -293,23 +301,23 @@ int spw__stable_map(spw_stable_t *sp, void *va) {
   pthread_mutex_lock(&sp->mu);
   int st = SPW_ERR_INTERNAL;
   region_t *r = find(sp, va, NULL);
-  if (r && !r->small && r->va == va && !r->mapped && !r->dead) {
+  if (r && !r->small && r->va == va && !r->dead && r->lmaps > 0) {
+    r->lmaps++; /* still mapped: an unmap is on its way (see the invariants) */
+    st = SPW_OK;
+  } else if (r && !r->small && r->va == va && !r->dead) {
     size_t n = r->span / sp->gran, i;
     st = SPW_OK;
     for (i = 0; i < n && st == SPW_OK; i++) st = map_chunk(sp, r->va + i * sp->gran, &r->chunks[i]);
     if (st != SPW_OK) {
       for (size_t k = 0; k + 1 < i; k++) unmap_chunk(sp, r->va + k * sp->gran, r->chunks[k]);
     } else {
-      r->mapped = 1;
+      r->lmaps = 1;
     }
   } else if (r && r->small) {
     uint32_t b = block_of(r, va);
-    if (b != UINT32_MAX && b < r->next && r->state[b] == BLOCK_OWNED) {
+    if (b != UINT32_MAX && b < r->next && r->state[b] == BLOCK_OWNED && r->bmaps[b] < UINT16_MAX) {
       st = r->resident > 0 ? SPW_OK : map_chunk(sp, r->va, &r->chunk);
-      if (st == SPW_OK) {
-        r->state[b] |= BLOCK_MAPPED;
-        r->resident++;
-      }
+      if (st == SPW_OK && r->bmaps[b]++ == 0) r->resident++;
     }
   }
   pthread_mutex_unlock(&sp->mu);
@@ -320,19 +328,20 @@ int spw__stable_unmap(spw_stable_t *sp, void *va) {
   pthread_mutex_lock(&sp->mu);
   int st = SPW_ERR_INTERNAL;
   region_t *r = find(sp, va, NULL);
-  if (r && !r->small && r->va == va && r->mapped) {
-    for (size_t i = 0; i < r->span / sp->gran; i++)
-      unmap_chunk(sp, r->va + i * sp->gran, r->chunks[i]);
-    r->mapped = 0;
-    if (r->dead) drop(sp, r);
+  if (r && !r->small && r->va == va && r->lmaps > 0) {
+    if (--r->lmaps == 0) {
+      for (size_t i = 0; i < r->span / sp->gran; i++)
+        unmap_chunk(sp, r->va + i * sp->gran, r->chunks[i]);
+      if (r->dead) drop(sp, r);
+    }
     st = SPW_OK;
   } else if (r && r->small) {
     uint32_t b = block_of(r, va);
-    if (b != UINT32_MAX && b < r->next && (r->state[b] & BLOCK_MAPPED)) {
-      int dead = (r->state[b] & BLOCK_DEAD) != 0;
-      r->state[b] &= (uint8_t)~BLOCK_MAPPED;
-      if (--r->resident == 0) unmap_chunk(sp, r->va, r->chunk);
-      if (dead) free_block(sp, r, b);
+    if (b != UINT32_MAX && b < r->next && r->bmaps[b] > 0) {
+      if (--r->bmaps[b] == 0) {
+        if (--r->resident == 0) unmap_chunk(sp, r->va, r->chunk);
+        if (r->state[b] & BLOCK_DEAD) free_block(sp, r, b);
+      }
       st = SPW_OK;
     }
   }
@@ -370,7 +379,7 @@ void spw__stable_destroy(spw_stable_t *sp) {
   /* Whatever is left (a runtime closed with buffers): unmap, then give the ranges back. */
   while (sp->nregions > 0) {
     region_t *r = sp->regions[sp->nregions - 1];
-    if (!r->small && r->mapped)
+    if (!r->small && r->lmaps > 0)
       for (size_t i = 0; i < r->span / sp->gran; i++)
         unmap_chunk(sp, r->va + i * sp->gran, r->chunks[i]);
     if (r->small && r->resident > 0) unmap_chunk(sp, r->va, r->chunk);

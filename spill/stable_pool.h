@@ -10,8 +10,10 @@
  * Physical chunks, one granule each, are pooled: an unmap gives its chunks to the pool (up
  * to a cap), a map takes them from it before creating new ones.
  *
- * Order of calls per buffer: reserve, then any number of map / unmap pairs, then unreserve,
- * which may come before the last unmap (a free that overtakes a move): the range is then
+ * Order of calls per buffer: reserve, then maps and unmaps, each map paired with one unmap,
+ * then unreserve. Maps are counted: a map while the memory is still mapped (a spill that
+ * committed but has not unmapped yet) keeps it mapped, and the late unmap lowers the count.
+ * Unreserve may come before the last unmap (a free that overtakes a move): the range is then
  * given back by that unmap, so that an address is never handed out again while mapped.
  * Thread-safe: one mutex, a leaf below every core lock; backend calls are made under it. */
 #ifndef SPILLWAY_SPILL_STABLE_POOL_H
@@ -45,13 +47,13 @@ int spw__stable_reserve(spw_stable_t *sp, size_t bytes, void **va);
 /* Ends the range's life; see the order of calls above. */
 void spw__stable_unreserve(spw_stable_t *sp, void *va);
 
-/* Puts memory behind the buffer at `va` (chunks from the pool, else new ones), accessible
- * to every stream on return. Errors: SPW_ERR_OUT_OF_MEMORY (the device refused a chunk),
- * SPW_ERR_INTERNAL (va is no reserved buffer, or is mapped already), the backend's; on
- * error nothing is mapped. */
+/* Puts memory behind the buffer at `va` (chunks from the pool, else new ones; the memory
+ * already there while an unmap is still to come), accessible to every stream on return.
+ * Errors: SPW_ERR_OUT_OF_MEMORY (the device refused a chunk), SPW_ERR_INTERNAL (va is no
+ * reserved buffer), the backend's; on error nothing changed. */
 int spw__stable_map(spw_stable_t *sp, void *va);
-/* Takes the memory away again (precondition: no work on any stream touches it); its chunks
- * go to the pool. Returns SPW_ERR_INTERNAL if va is not a mapped buffer. */
+/* Ends one map: the last one takes the memory away (precondition: no work on any stream
+ * touches it) and its chunks go to the pool. SPW_ERR_INTERNAL if va is not mapped. */
 int spw__stable_unmap(spw_stable_t *sp, void *va);
 
 /* Whether `ptr` is the address of a stable buffer's range (lock-free when there are none). */

@@ -64,3 +64,7 @@ add_executable(fuzz_config_replay fuzz/fuzz_config.c fuzz/config_model.c fuzz/re
 target_link_libraries(fuzz_config_replay PRIVATE spw_internal spw_flags)
 add_test(NAME fuzz_config_corpus COMMAND fuzz_config_replay ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus)
 set_tests_properties(fuzz_config_corpus PROPERTIES LABELS cpu TIMEOUT 300)
+
+# Address-stable buffers (issue 21): the same device address across every move, on both
+# backends (the host one emulates virtual memory management), under both I/O paths.
+spw_behaviour_test(test_stable_address SEAM DISK)
