@@ -91,3 +91,13 @@ foreach(name test_handles test_locks test_stream_release test_bad_input test_con
       ENVIRONMENT "SPILLWAY_BACKEND=${backend};SPILLWAY_LOG_LEVEL=warn;SPILLWAY_STABLE_ADDRESSES=1")
   endforeach()
 endforeach()
+
+# A CUDA graph captured once over stable buffers and replayed while they are spilled and
+# brought back between replays (issue 21). GPU only; it links the static library so that
+# the graph and Spillway's stream belong to one CUDA runtime.
+if(SPW_HAVE_CUDA)
+  spw_unit_test(test_stable_graph LABEL gpu)
+  target_sources(test_stable_graph PRIVATE test_stable_graph_kernels.cu)
+  set_tests_properties(test_stable_graph PROPERTIES LABELS "gpu;stable"
+    ENVIRONMENT "SPILLWAY_LOG_LEVEL=warn")
+endif()
