@@ -319,7 +319,7 @@ static void budget_counts_stable_buffers_by_their_size(void) {
 }
 
 static void pressure_spills_stable_buffers_and_they_come_back_in_place(void) {
-  /* A limit of 6 granules and 12 buffers of one granule: allocating spills on demand. */
+  /* A limit of 6 granules and 12 buffers of one granule: allocating makes room by spilling. */
   const size_t g = granule();
   close_fixture();
   rt = stable_runtime(6 * g, 64 * g);
@@ -329,7 +329,9 @@ static void pressure_spills_stable_buffers_and_they_come_back_in_place(void) {
   spw_buf_t b[N];
   void *addr[N];
   for (int i = 0; i < N; i++) b[i] = stable_filled(g, 500 + (uint64_t)i, &addr[i]);
-  ASSERT_GT(stats_of(rt).spills_on_demand, 0);
+  /* Twelve granules through a limit of six: at least six left the device, on demand or in
+   * the background (which of the two is a matter of timing). */
+  ASSERT_GE(stats_of(rt).spills, N - 6);
   ASSERT_LE(stats_of(rt).device_bytes, 6 * g);
   for (int round = 0; round < 2; round++)
     for (int i = 0; i < N; i++) expect_at(b[i], s, addr[i], g, 500 + (uint64_t)i);
