@@ -176,7 +176,7 @@ static void one_run(int dev, size_t gran, int n, CUmemGenericAllocationHandle *h
  * *unmap_us gets the median host time of one cuMemUnmap. Returns the work's device time. */
 static double stall_once(int dev, size_t gran, cudaStream_t s, int work, int churn,
                          long long cycles, void *dsrc, void *hdst, size_t copy_bytes,
-                         int *sink, double *unmap_us) {
+                         int *sink, double *unmap_us, double *unmap_max_us) {
   enum { N = 64 };
   CUmemGenericAllocationHandle h[N];
   CUmemAllocationProp prop;
@@ -231,6 +231,11 @@ static double stall_once(int dev, size_t gran, cudaStream_t s, int work, int chu
   }
   float ms = 0;
   CK_RT(cudaEventElapsedTime(&ms, a, b));
+  /* The maximum too: an unmap that waits for the device once (the first one) would hide
+   * behind the median of the others. */
+  *unmap_max_us = -1;
+  for (int i = 0; i < nper; i++)
+    if (per[i] > *unmap_max_us) *unmap_max_us = per[i];
   *unmap_us = nper ? median(per, nper) : -1;
   CK_RT(cudaEventDestroy(a));
   CK_RT(cudaEventDestroy(b));
@@ -339,14 +344,17 @@ int main(int argc, char **argv) {
   printf("| --- | ---: | ---: | ---: | ---: |\n");
   const char *what[2] = {"spin kernel", "1 GiB D2H copy"};
   for (int w = 0; w < 2; w++) {
-    double alone[64], busy[64], idle_u[64], busy_u[64];
+    double alone[64], busy[64], idle_u[64], busy_u[64], idle_max[64], busy_max[64];
     int sreps = reps < 64 ? reps : 64;
     for (int k = 0; k < sreps; k++) {
-      alone[k] = stall_once(dev, gran, s, w, 0, cycles, dsrc, hdst, copy_bytes, sink, &idle_u[k]);
-      busy[k] = stall_once(dev, gran, s, w, 1, cycles, dsrc, hdst, copy_bytes, sink, &busy_u[k]);
+      alone[k] = stall_once(dev, gran, s, w, 0, cycles, dsrc, hdst, copy_bytes, sink, &idle_u[k],
+                            &idle_max[k]);
+      busy[k] = stall_once(dev, gran, s, w, 1, cycles, dsrc, hdst, copy_bytes, sink, &busy_u[k],
+                           &busy_max[k]);
     }
-    printf("| %s | %.2f ms | %.2f ms | %.1f us | %.1f us |\n", what[w], median(alone, sreps),
-           median(busy, sreps), median(idle_u, sreps), median(busy_u, sreps));
+    printf("| %s | %.2f ms | %.2f ms | %.1f us (max %.1f) | %.1f us (max %.1f) |\n", what[w],
+           median(alone, sreps), median(busy, sreps), median(idle_u, sreps),
+           median(idle_max, sreps), median(busy_u, sreps), median(busy_max, sreps));
   }
   printf("\nAn unmap that waits for the other stream shows as 'device busy' near the work's "
          "length; a stall of other streams shows as 'while ... unmapped' above 'alone'.\n");
