@@ -8,6 +8,7 @@ spw_unit_test(test_config)
 spw_unit_test(test_spill_file)
 spw_unit_test(test_disk_io)
 spw_unit_test(test_stream_table)
+spw_unit_test(test_stable_pool) # address-stable buffers' ranges, counted maps, chunk pool
 
 # The public API, as an application sees it, on both backends.
 spw_behaviour_test(test_handles)
