@@ -13,6 +13,9 @@
 #                launch tests, the examples and the stress test (short runs)
 #   launch       the launch wrappers alone: every test and example with "launch" in its
 #                name, one at a time, then bench/launch_overhead
+#   stable       address-stable buffers (issue 21): bench/vmm_chunks (VMM costs per chunk,
+#                and whether an unmap stalls other streams), the gpu tests labelled stable
+#                one at a time, then spill_bw with ordinary and with stable buffers
 #   soak-start   the gate of every change to src/ or spill/ (docs/reliability.md): the soak
 #                of tests/stress at 8 and then 16 threads, 5 minutes each (4x oversubscribed,
 #                disk tier on, spills and prefetches from another thread, spw_wait_idle
@@ -105,6 +108,22 @@ phase_launch() {
   tail -22 "$logs/launch_overhead.txt"
 }
 
+phase_stable() {
+  timeout 300 "$build/bench/vmm_chunks" >"$logs/vmm_chunks.txt" 2>&1
+  echo "== vmm_chunks rc=$?"
+  cat "$logs/vmm_chunks.txt"
+  ctest --test-dir "$build" -L gpu -L stable -j1 --output-on-failure >"$logs/ctest-stable.log" 2>&1
+  echo "stable tests rc=$?: $(grep -E 'tests passed' "$logs/ctest-stable.log")"
+  grep -E "Failed|\*\*\*|Exception|Not Run" "$logs/ctest-stable.log" | head -20
+  local mode
+  for mode in 0 1; do
+    SPILLWAY_BACKEND=cuda SPILLWAY_STABLE_ADDRESSES=$mode timeout 240 "$build/bench/spill_bw" \
+      >"$logs/spill_bw-stable$mode.txt" 2>&1
+    echo "== spill_bw SPILLWAY_STABLE_ADDRESSES=$mode rc=$?"
+    tail -22 "$logs/spill_bw-stable$mode.txt"
+  done
+}
+
 phase_soak_start() {
   OUT=$logs SOAK_SECONDS=${SOAK_SECONDS:-600} SOAK_BUDGET=${SOAK_BUDGET:-3GiB} \
     setsid nohup tests/stress/run_gpu_stress.sh "$build" soak >"$logs/soak-summary.txt" 2>&1 </dev/null &
@@ -152,6 +171,7 @@ for phase in "$@"; do
   tests) phase_tests ;;
   sanitizer) phase_sanitizer ;;
   launch) phase_launch ;;
+  stable) phase_stable ;;
   soak-start) phase_soak_start ;;
   soak-wait) phase_soak_wait ;;
   bench) phase_bench ;;

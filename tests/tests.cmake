@@ -9,6 +9,7 @@ spw_unit_test(test_spill_file)
 spw_unit_test(test_disk_io)
 spw_unit_test(test_stream_table)
 spw_unit_test(test_completions)
+spw_unit_test(test_stable_pool) # address-stable buffers' ranges, counted maps, chunk pool
 
 # The public API, as an application sees it, on both backends.
 spw_behaviour_test(test_handles)
@@ -65,3 +66,40 @@ add_executable(fuzz_config_replay fuzz/fuzz_config.c fuzz/config_model.c fuzz/re
 target_link_libraries(fuzz_config_replay PRIVATE spw_internal spw_flags)
 add_test(NAME fuzz_config_corpus COMMAND fuzz_config_replay ${CMAKE_CURRENT_SOURCE_DIR}/fuzz/corpus)
 set_tests_properties(fuzz_config_corpus PROPERTIES LABELS cpu TIMEOUT 300)
+
+# Address-stable buffers (issue 21): the same device address across every move, on both
+# backends (the host one emulates virtual memory management), under both I/O paths.
+spw_behaviour_test(test_stable_address SEAM DISK)
+
+# The behaviour suite again over address-stable buffers (issue 21): the same executables
+# with SPILLWAY_STABLE_ADDRESSES=1, so that every spw_alloc in them gives a stable buffer
+# and every move runs through the stable pool's maps and unmaps. Label `stable` (and cpu or
+# gpu): `ctest -L stable`. Left out: test_fault_sweep (its sweep over every backend call
+# would double the longest test; the faults it injects reach the same error paths), the
+# unit tests of seams that stable buffers do not change, and test_lifecycle / test_kill
+# (runtimes made and killed: no buffer moves in them that the others do not cover).
+foreach(name test_handles test_locks test_stream_release test_bad_input test_concurrency
+             test_spill test_oversubscribe test_controller test_streams test_trace
+             test_spill_faults test_disk_tier test_abandon test_budget test_hints test_launch
+             test_launch_kernel test_launch_faults)
+  foreach(backend host cuda)
+    set(label cpu)
+    if(backend STREQUAL "cuda")
+      set(label gpu)
+    endif()
+    add_test(NAME ${name}.${backend}.stable COMMAND ${name})
+    set_tests_properties(${name}.${backend}.stable PROPERTIES LABELS "${label};stable"
+      SKIP_RETURN_CODE 77 TIMEOUT 300
+      ENVIRONMENT "SPILLWAY_BACKEND=${backend};SPILLWAY_LOG_LEVEL=warn;SPILLWAY_STABLE_ADDRESSES=1")
+  endforeach()
+endforeach()
+
+# A CUDA graph captured once over stable buffers and replayed while they are spilled and
+# brought back between replays (issue 21). GPU only; it links the static library so that
+# the graph and Spillway's stream belong to one CUDA runtime.
+if(SPW_HAVE_CUDA)
+  spw_unit_test(test_stable_graph LABEL gpu)
+  target_sources(test_stable_graph PRIVATE test_stable_graph_kernels.cu)
+  set_tests_properties(test_stable_graph PROPERTIES LABELS "gpu;stable"
+    ENVIRONMENT "SPILLWAY_LOG_LEVEL=warn")
+endif()

@@ -127,6 +127,16 @@ typedef enum spw_log_level {
   SPW_LOG_DEBUG = 5,
 } spw_log_level_t;
 
+/* Whether buffers keep one device address for their whole life (see spw_alloc_ex and
+ * "Address-stable buffers" in docs/api.md). */
+typedef enum spw_stable_mode {
+  SPW_STABLE_DEFAULT = 0, /* SPILLWAY_STABLE_ADDRESSES, else off */
+  SPW_STABLE_OFF = 1,     /* spw_alloc gives ordinary buffers, whose address may change
+                             after a spill (SPW_ALLOC_STABLE still asks for a stable one) */
+  SPW_STABLE_ON = 2,      /* spw_alloc gives address-stable buffers (SPW_ALLOC_MOVABLE still
+                             asks for an ordinary one) */
+} spw_stable_mode_t;
+
 typedef enum spw_tier {
   SPW_TIER_DEVICE = 0,
   SPW_TIER_HOST = 1, /* pinned host memory */
@@ -177,12 +187,14 @@ typedef struct spw_config {
                                  id); default: no trace */
   uint64_t trace_max_bytes;   /* SPILLWAY_TRACE_MAX: largest trace file; events past it are
                                  dropped and counted (default 256 MiB) */
+  spw_stable_mode_t stable_addresses; /* SPILLWAY_STABLE_ADDRESSES=0|1|off|on: whether
+                                 spw_alloc gives address-stable buffers (default off) */
 } spw_config_t;
 
 #define SPW_CONFIG_IGNORE_ENV 0x1u /* use only the struct and the built-in defaults */
 
 #define SPW_CONFIG_INIT {sizeof(spw_config_t), 0, SPW_BACKEND_AUTO, 0, 0, 0, NULL, SPW_IO_AUTO, \
-                         0.0, 0.0, SPW_LOG_DEFAULT, 0, 0, NULL, 0}
+                         0.0, 0.0, SPW_LOG_DEFAULT, 0, 0, NULL, 0, SPW_STABLE_DEFAULT}
 
 /* ---------------------------------------------------------------------------------------
  * Runtime lifecycle
@@ -292,6 +304,37 @@ SPW_API int spw_memcpy_async(spw_runtime_t *rt, void *dst, const void *src, size
  * many bytes), SPW_ERR_CUDA. */
 SPW_API SPW_NODISCARD int spw_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_t stream,
                                     spw_buf_t *out);
+
+/* Flags of spw_alloc_ex. */
+#define SPW_ALLOC_STABLE 0x1u  /* address-stable: the device pointer every acquire returns is
+                                  the same for the buffer's whole life, across spills to host
+                                  or disk and back */
+#define SPW_ALLOC_MOVABLE 0x2u /* an ordinary buffer even when the runtime's stable_addresses
+                                  is on */
+
+/* spw_alloc with `flags` (0: the runtime's default, config.stable_addresses; or one of
+ * SPW_ALLOC_STABLE, SPW_ALLOC_MOVABLE). An address-stable buffer reserves device address
+ * space for its life (rounded up to the granularity spw_stable_granularity reports; buffers
+ * smaller than it share reserved pages with other small ones); spilling it unmaps its
+ * physical memory and unspilling maps physical memory back at the same address, so raw
+ * pointers to it stay meaningful while it is not resident, though they may be
+ * dereferenced only under a lock, as for any buffer. It counts against the device limit
+ * by its size, as other buffers do. Stream semantics as spw_alloc's, except that the memory
+ * is usable by every stream when the call returns. Errors: as spw_alloc, plus
+ * SPW_ERR_INVALID_ARG (unknown flag bits, both flags), SPW_ERR_UNSUPPORTED (a stable buffer
+ * on a device or driver without virtual memory management). Thread-safe. */
+SPW_API SPW_NODISCARD int spw_alloc_ex(spw_runtime_t *rt, size_t bytes, spw_stream_t stream,
+                                       unsigned flags, spw_buf_t *out);
+
+/* Whether `buf` is address-stable: *out 1 or 0. Errors: handle errors, SPW_ERR_INVALID_ARG.
+ * Lock-free; thread-safe. */
+SPW_API int spw_buf_is_stable(spw_runtime_t *rt, spw_buf_t buf, int *out);
+
+/* The granularity of address-stable memory on this runtime's device (the physical chunk
+ * size, 2 MiB on current GPUs; 64 KiB on the host backend): stable buffers of at least this
+ * size get their own address range, smaller ones share pages. Errors: SPW_ERR_INVALID_ARG,
+ * SPW_ERR_UNSUPPORTED (no virtual memory management here), SPW_ERR_CUDA. Thread-safe. */
+SPW_API int spw_stable_granularity(spw_runtime_t *rt, size_t *out);
 
 /* Frees a buffer. The handle is dead at once: every later use returns SPW_ERR_FREED. If the
  * buffer is locked, its memory is released only when the last lock is (a kernel still

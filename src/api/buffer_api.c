@@ -6,17 +6,44 @@
 #include "buffer_state.h"
 #include "controller.h"
 
-int spw_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, spw_buf_t *out) {
-  if (!rt || !out || bytes == 0 || (uint64_t)bytes > SPW_MAX_BUFFER_BYTES) return SPW_ERR_INVALID_ARG;
+#define ALLOC_FLAGS (SPW_ALLOC_STABLE | SPW_ALLOC_MOVABLE)
+
+int spw_alloc_ex(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, unsigned flags,
+                 spw_buf_t *out) {
+  if (!rt || !out || bytes == 0 || (uint64_t)bytes > SPW_MAX_BUFFER_BYTES ||
+      (flags & ~ALLOC_FLAGS) || (flags & ALLOC_FLAGS) == ALLOC_FLAGS)
+    return SPW_ERR_INVALID_ARG;
   spw_stream_entry_t *e;
   int st = spw__stream_entry(rt, stream, &e);
   if (st != SPW_OK) return st;
+  int stable = (flags & SPW_ALLOC_STABLE) ||
+               (!(flags & SPW_ALLOC_MOVABLE) && rt->settings.stable_addresses);
   spw_buf_t h;
-  st = spw__buffer_create(rt, bytes, e->bstream, &h);
+  st = spw__buffer_create(rt, bytes, e->bstream, stable, &h);
   if (st != SPW_OK) return st;
   *out = h;
   spw__controller_allocated(rt, h, bytes);
   return SPW_OK;
+}
+
+int spw_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, spw_buf_t *out) {
+  return spw_alloc_ex(rt, bytes, stream, 0, out);
+}
+
+int spw_buf_is_stable(spw_runtime_t *rt, spw_buf_t buf, int *out) {
+  if (!rt || !out) return SPW_ERR_INVALID_ARG;
+  spw_slot_t *s;
+  uint64_t w;
+  int st = spw__handles_lookup(&rt->handles, buf, &s, &w);
+  if (st != SPW_OK) return st;
+  if (w & SPW_W_FREE_PENDING) return SPW_ERR_FREED;
+  *out = spw__slot_va(s) != NULL;
+  return SPW_OK;
+}
+
+int spw_stable_granularity(spw_runtime_t *rt, size_t *out) {
+  if (!rt || !out) return SPW_ERR_INVALID_ARG;
+  return spw__stable_granularity(rt->stable, out);
 }
 
 int spw_free(spw_runtime_t *rt, spw_buf_t buf) {

@@ -118,6 +118,31 @@ typedef struct spw_backend_ops {
   int (*launch_kernel)(spw_backend_t *b, spw_stream_t s, const void *func, spw_dim3_t grid,
                        spw_dim3_t block, size_t shared_bytes, void **args, const size_t *sizes,
                        size_t nargs);
+
+  /* Address-stable memory (CUDA virtual memory management; host: an emulation of the same
+   * contract). An address range is reserved with no memory behind it; physical chunks are
+   * created apart and mapped into it, read-write for the device, and unmapped again, so
+   * that the range keeps its address while its memory comes and goes.
+   *  - vm_granularity: the chunk size; every size and offset below is a multiple of it.
+   *    SPW_ERR_UNSUPPORTED when the device or driver has no virtual memory management;
+   *  - vm_reserve / vm_free: a range, `bytes` long, aligned to the granularity; free only
+   *    once nothing is mapped in it;
+   *  - chunk_create: physical memory of `bytes` (one or more granules), counted against
+   *    the device like an allocation (SPW_ERR_OUT_OF_MEMORY when refused); chunk_release
+   *    gives it back and may be called only while it is not mapped;
+   *  - chunk_map: maps the whole chunk at `va` (inside a reserved range, nothing mapped
+   *    there) and makes it accessible; usable by every stream when the call returns;
+   *  - chunk_unmap: unmaps [va, va + bytes), whole chunks only. Precondition: no work on any
+   *    stream may still touch the range (the caller waits for it first); afterwards a
+   *    device access there faults, and on the host backend a host access is SIGSEGV.
+   * The chunk handle is opaque (a CUmemGenericAllocationHandle; host: an offset). */
+  int (*vm_granularity)(spw_backend_t *b, size_t *out);
+  int (*vm_reserve)(spw_backend_t *b, size_t bytes, void **out);
+  int (*vm_free)(spw_backend_t *b, void *va, size_t bytes);
+  int (*chunk_create)(spw_backend_t *b, size_t bytes, uint64_t *out);
+  void (*chunk_release)(spw_backend_t *b, uint64_t chunk, size_t bytes);
+  int (*chunk_map)(spw_backend_t *b, void *va, size_t bytes, uint64_t chunk);
+  int (*chunk_unmap)(spw_backend_t *b, void *va, size_t bytes);
 } spw_backend_ops_t;
 
 /* The implementations; the CUDA one exists only in builds with CUDA (SPW_HAVE_CUDA). */

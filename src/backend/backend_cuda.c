@@ -21,10 +21,14 @@
  */
 #ifdef SPW_HAVE_CUDA
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 #include "backend.h"
 #include "copy_kernels.h"
@@ -41,6 +45,24 @@ typedef struct spw_cuda_backend {
   pthread_mutex_t streams_mu; /* guards streams, nstreams, cap; a leaf lock */
   cudaStream_t *streams;      /* streams made by stream_create, not yet destroyed */
   size_t nstreams, cap;
+  /* Virtual memory management, through driver entry points that the CUDA runtime hands out
+   * (cudaGetDriverEntryPointByVersion): the library then needs no link to libcuda, which
+   * the static cudart already loads at run time. vm_status is SPW_OK when every entry
+   * point was found and the device supports VMM, else why not (SPW_ERR_UNSUPPORTED). */
+  int vm_status;
+  size_t vm_gran;
+  CUcontext ctx; /* the device's primary context, which the runtime API uses */
+  PFN_cuMemAddressReserve_v10020 mem_address_reserve;
+  PFN_cuMemAddressFree_v10020 mem_address_free;
+  PFN_cuMemCreate_v10020 mem_create;
+  PFN_cuMemRelease_v10020 mem_release;
+  PFN_cuMemMap_v10020 mem_map;
+  PFN_cuMemUnmap_v10020 mem_unmap;
+  PFN_cuMemSetAccess_v10020 mem_set_access;
+  PFN_cuCtxGetCurrent_v4000 ctx_get_current;
+  PFN_cuCtxSetCurrent_v4000 ctx_set_current;
+  PFN_cuGetErrorName_v6000 get_error_name;
+  PFN_cuGetErrorString_v6000 get_error_string;
 } spw_cuda_backend_t;
 
 static spw_cuda_backend_t *cb_of(spw_backend_t *b) { return (spw_cuda_backend_t *)b; }
@@ -66,6 +88,166 @@ static int use_device(const spw_cuda_backend_t *cb) {
   int cur = -1;
   if (cudaGetDevice(&cur) == cudaSuccess && cur == cb->device) return SPW_OK;
   return check(cb, cudaSetDevice(cb->device));
+}
+
+/* ---- virtual memory management (driver API) ---- */
+
+static void *driver_entry(const char *name) {
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+  /* 12000: the ABI of these functions as CUDA 12.0 defined them, whatever the driver. */
+  if (cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q) != cudaSuccess ||
+      q != cudaDriverEntryPointSuccess) {
+    (void)cudaGetLastError();
+    return NULL;
+  }
+  return fn;
+}
+
+/* ISO C has no cast from void * to a function pointer; POSIX gives both one layout. */
+#define LOAD_ENTRY(field, name)                                                              \
+  do {                                                                                       \
+    void *p_ = driver_entry(name);                                                           \
+    _Static_assert(sizeof p_ == sizeof(field), "function and data pointers differ in size"); \
+    memcpy(&(field), &p_, sizeof p_);                                                        \
+  } while (0)
+
+/* Finds the entry points and the granularity once, at create; an old driver or a device
+ * without VMM leaves vm_status SPW_ERR_UNSUPPORTED, and only stable buffers notice. */
+static void vm_probe(spw_cuda_backend_t *cb) {
+  cb->vm_status = SPW_ERR_UNSUPPORTED;
+  LOAD_ENTRY(cb->mem_address_reserve, "cuMemAddressReserve");
+  LOAD_ENTRY(cb->mem_address_free, "cuMemAddressFree");
+  LOAD_ENTRY(cb->mem_create, "cuMemCreate");
+  LOAD_ENTRY(cb->mem_release, "cuMemRelease");
+  LOAD_ENTRY(cb->mem_map, "cuMemMap");
+  LOAD_ENTRY(cb->mem_unmap, "cuMemUnmap");
+  LOAD_ENTRY(cb->mem_set_access, "cuMemSetAccess");
+  LOAD_ENTRY(cb->ctx_get_current, "cuCtxGetCurrent");
+  LOAD_ENTRY(cb->ctx_set_current, "cuCtxSetCurrent");
+  LOAD_ENTRY(cb->get_error_name, "cuGetErrorName");
+  LOAD_ENTRY(cb->get_error_string, "cuGetErrorString");
+  PFN_cuMemGetAllocationGranularity_v10020 gran;
+  PFN_cuDeviceGetAttribute_v2000 attr;
+  LOAD_ENTRY(gran, "cuMemGetAllocationGranularity");
+  LOAD_ENTRY(attr, "cuDeviceGetAttribute");
+  if (!cb->mem_address_reserve || !cb->mem_address_free || !cb->mem_create || !cb->mem_release ||
+      !cb->mem_map || !cb->mem_unmap || !cb->mem_set_access || !cb->ctx_get_current ||
+      !cb->ctx_set_current || !gran || !attr)
+    return;
+  int vmm = 0;
+  if (attr(&vmm, CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED, cb->device) !=
+          CUDA_SUCCESS || !vmm)
+    return;
+  CUmemAllocationProp prop = {0};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = cb->device;
+  /* The minimum, not the recommended one: a chunk is the unit of spilling, and a smaller
+   * chunk wastes less of a buffer's last one (bench/vmm_chunks prints both). */
+  if (gran(&cb->vm_gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM) != CUDA_SUCCESS || !cb->vm_gran)
+    return;
+  /* cudaSetDevice made the primary context current on this thread. */
+  if (cb->ctx_get_current(&cb->ctx) != CUDA_SUCCESS || !cb->ctx) return;
+  cb->vm_status = SPW_OK;
+}
+
+static int drv_fail(const spw_cuda_backend_t *cb, const char *call, CUresult r) {
+  const char *name = NULL, *text = NULL;
+  if (cb->get_error_name) (void)cb->get_error_name(r, &name);
+  if (cb->get_error_string) (void)cb->get_error_string(r, &text);
+  char buf[256];
+  snprintf(buf, sizeof buf, "%s: %s", call, text ? text : "driver error");
+  if (cb->on_error) cb->on_error(cb->err_ctx, name ? name : "CUresult", buf);
+  return r == CUDA_ERROR_OUT_OF_MEMORY ? SPW_ERR_OUT_OF_MEMORY : SPW_ERR_CUDA;
+}
+
+/* The driver API works on the thread's current context, which a thread that has made no
+ * runtime call yet may lack: the primary context is made current here when it is not. */
+static int vm_enter(spw_cuda_backend_t *cb) {
+  if (cb->vm_status != SPW_OK) return cb->vm_status;
+  CUcontext cur = NULL;
+  if (cb->ctx_get_current(&cur) == CUDA_SUCCESS && cur == cb->ctx) return SPW_OK;
+  CUresult r = cb->ctx_set_current(cb->ctx);
+  return r == CUDA_SUCCESS ? SPW_OK : drv_fail(cb, "cuCtxSetCurrent", r);
+}
+
+static int cuda_vm_granularity(spw_backend_t *b, size_t *out) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  if (cb->vm_status != SPW_OK) return cb->vm_status;
+  *out = cb->vm_gran;
+  return SPW_OK;
+}
+
+static int cuda_vm_reserve(spw_backend_t *b, size_t bytes, void **out) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = vm_enter(cb);
+  if (s != SPW_OK) return s;
+  CUdeviceptr va = 0;
+  CUresult r = cb->mem_address_reserve(&va, bytes, cb->vm_gran, 0, 0);
+  if (r != CUDA_SUCCESS) return drv_fail(cb, "cuMemAddressReserve", r);
+  *out = (void *)(uintptr_t)va;
+  return SPW_OK;
+}
+
+static int cuda_vm_free(spw_backend_t *b, void *va, size_t bytes) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = vm_enter(cb);
+  if (s != SPW_OK) return s;
+  CUresult r = cb->mem_address_free((CUdeviceptr)(uintptr_t)va, bytes);
+  return r == CUDA_SUCCESS ? SPW_OK : drv_fail(cb, "cuMemAddressFree", r);
+}
+
+static int cuda_chunk_create(spw_backend_t *b, size_t bytes, uint64_t *out) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = vm_enter(cb);
+  if (s != SPW_OK) return s;
+  CUmemAllocationProp prop = {0};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = cb->device;
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = cb->mem_create(&h, bytes, &prop, 0);
+  if (r != CUDA_SUCCESS) return drv_fail(cb, "cuMemCreate", r);
+  *out = (uint64_t)h;
+  return SPW_OK;
+}
+
+static void cuda_chunk_release(spw_backend_t *b, uint64_t chunk, size_t bytes) {
+  (void)bytes;
+  spw_cuda_backend_t *cb = cb_of(b);
+  if (vm_enter(cb) != SPW_OK) return;
+  CUresult r = cb->mem_release((CUmemGenericAllocationHandle)chunk);
+  if (r != CUDA_SUCCESS) (void)drv_fail(cb, "cuMemRelease", r);
+}
+
+static int cuda_chunk_map(spw_backend_t *b, void *va, size_t bytes, uint64_t chunk) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = vm_enter(cb);
+  if (s != SPW_OK) return s;
+  CUdeviceptr p = (CUdeviceptr)(uintptr_t)va;
+  CUresult r = cb->mem_map(p, bytes, 0, (CUmemGenericAllocationHandle)chunk, 0);
+  if (r != CUDA_SUCCESS) return drv_fail(cb, "cuMemMap", r);
+  CUmemAccessDesc acc = {0};
+  acc.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  acc.location.id = cb->device;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  /* Every new mapping starts with no access at all. */
+  r = cb->mem_set_access(p, bytes, &acc, 1);
+  if (r != CUDA_SUCCESS) {
+    s = drv_fail(cb, "cuMemSetAccess", r);
+    (void)cb->mem_unmap(p, bytes);
+    return s;
+  }
+  return SPW_OK;
+}
+
+static int cuda_chunk_unmap(spw_backend_t *b, void *va, size_t bytes) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = vm_enter(cb);
+  if (s != SPW_OK) return s;
+  CUresult r = cb->mem_unmap((CUdeviceptr)(uintptr_t)va, bytes);
+  return r == CUDA_SUCCESS ? SPW_OK : drv_fail(cb, "cuMemUnmap", r);
 }
 
 static int cuda_create(const spw_backend_params_t *p, spw_backend_t **out) {
@@ -124,6 +306,7 @@ static int cuda_create(const spw_backend_params_t *p, spw_backend_t **out) {
    * The probe also loads the kernel now, off the spill path. */
   int probe_err = 0;
   cb->use_kernel = host_ptr && spw__copy_kernel_probe(&probe_err) == SPW_OK;
+  vm_probe(cb);
   *out = (spw_backend_t *)cb;
   return SPW_OK;
 }
@@ -416,6 +599,13 @@ const spw_backend_ops_t spw__backend_cuda_ops = {
     .host_unregister = cuda_host_unregister,
     .launch_host_func = cuda_launch_host_func,
     .launch_kernel = cuda_launch_kernel,
+    .vm_granularity = cuda_vm_granularity,
+    .vm_reserve = cuda_vm_reserve,
+    .vm_free = cuda_vm_free,
+    .chunk_create = cuda_chunk_create,
+    .chunk_release = cuda_chunk_release,
+    .chunk_map = cuda_chunk_map,
+    .chunk_unmap = cuda_chunk_unmap,
 };
 
 #else

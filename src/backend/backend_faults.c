@@ -136,6 +136,30 @@ static int sh_launch_kernel(spw_backend_t *b, spw_stream_t st, const void *func,
   return SHIM(b)->ops->launch_kernel(INNER(b), st, func, grid, block, shared, args, sizes, nargs);
 }
 
+static int sh_vm_granularity(spw_backend_t *b, size_t *out) {
+  if (!SHIM(b)->ops->vm_granularity) return SPW_ERR_UNSUPPORTED;
+  return SHIM(b)->ops->vm_granularity(INNER(b), out);
+}
+static int sh_vm_reserve(spw_backend_t *b, size_t n, void **out) {
+  return SHIM(b)->ops->vm_reserve(INNER(b), n, out);
+}
+static int sh_vm_free(spw_backend_t *b, void *va, size_t n) {
+  return SHIM(b)->ops->vm_free(INNER(b), va, n);
+}
+static int sh_chunk_create(spw_backend_t *b, size_t n, uint64_t *out) {
+  FAIL_IF(SPW_FAULT_ALLOC, NULL, SPW_ERR_OUT_OF_MEMORY);
+  return SHIM(b)->ops->chunk_create(INNER(b), n, out);
+}
+static void sh_chunk_release(spw_backend_t *b, uint64_t c, size_t n) {
+  SHIM(b)->ops->chunk_release(INNER(b), c, n);
+}
+static int sh_chunk_map(spw_backend_t *b, void *va, size_t n, uint64_t c) {
+  return SHIM(b)->ops->chunk_map(INNER(b), va, n, c);
+}
+static int sh_chunk_unmap(spw_backend_t *b, void *va, size_t n) {
+  return SHIM(b)->ops->chunk_unmap(INNER(b), va, n);
+}
+
 static const spw_backend_ops_t shim_ops = {
     .name = "faults",
     .create = sh_create,
@@ -160,6 +184,13 @@ static const spw_backend_ops_t shim_ops = {
     .host_unregister = sh_host_unregister,
     .launch_host_func = sh_launch_host_func,
     .launch_kernel = sh_launch_kernel,
+    .vm_granularity = sh_vm_granularity,
+    .vm_reserve = sh_vm_reserve,
+    .vm_free = sh_vm_free,
+    .chunk_create = sh_chunk_create,
+    .chunk_release = sh_chunk_release,
+    .chunk_map = sh_chunk_map,
+    .chunk_unmap = sh_chunk_unmap,
 };
 
 int spw__faults_wrap(const spw_backend_ops_t *inner_ops, spw_backend_t *inner,

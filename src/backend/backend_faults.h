@@ -16,7 +16,7 @@
 
 /* The operations that can be made to fail; each names the ops it covers. */
 typedef enum spw_fault {
-  SPW_FAULT_ALLOC = 0,     /* alloc_async -> SPW_ERR_OUT_OF_MEMORY */
+  SPW_FAULT_ALLOC = 0,     /* alloc_async, chunk_create -> SPW_ERR_OUT_OF_MEMORY */
   SPW_FAULT_COPY,          /* memcpy_async, copy_batch_async -> SPW_ERR_CUDA */
   SPW_FAULT_HOST_REGISTER, /* host_register -> SPW_ERR_CUDA */
   SPW_FAULT_EVENT_CREATE,  /* event_create -> SPW_ERR_CUDA */

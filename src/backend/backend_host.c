@@ -22,6 +22,7 @@
  * is held while a host func or the error sink runs.
  */
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -29,14 +30,21 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 #include "backend.h"
+#include "grow.h"
 
 #define HOST_ALIGN 256
 #define HOST_DEFAULT_CAPACITY ((uint64_t)1 << 30)
 /* Enough recycled ops that a stream in steady state never calls malloc, few enough that an
  * idle stream holds next to nothing. */
 #define HOST_FREE_OPS_MAX 64
+/* The emulated granularity of address-stable memory: smaller than a GPU's 2 MiB so that the
+ * suite's buffers (4 KiB to a few MiB, under budgets of a few MiB) exercise both the shared
+ * small pages and the multi-chunk ranges, and a multiple of any page size Linux uses. */
+#define HOST_VM_GRANULE ((size_t)64 << 10)
 
 /* Precedes every block handed out; HOST_ALIGN bytes so that the block stays aligned. */
 typedef struct host_block {
@@ -126,6 +134,14 @@ struct spw_backend {
   uint64_t allocated;
   host_block_t *blocks;    /* live allocations, freed at destroy if the caller did not */
   host_stream_t *streams;  /* every live stream, the default one included */
+
+  /* Address-stable memory: "physical" chunks are granules of one memfd, opened at the first
+   * chunk_create, so that mapping one at a reserved address (mmap MAP_FIXED | MAP_SHARED)
+   * shows the same bytes wherever it lands; unmapping puts PROT_NONE back. Under mu. */
+  int vm_fd;                  /* -1 until needed */
+  uint64_t vm_next;           /* file offsets [0, vm_next) have been handed out once */
+  uint64_t *vm_free;          /* offsets given back, reused first */
+  size_t vm_nfree, vm_cap;
 };
 
 static spw_stream_t to_handle(host_stream_t *s) { return (spw_stream_t)(void *)s; }
@@ -361,6 +377,7 @@ static int host_create(const spw_backend_params_t *p, spw_backend_t **out) {
   b->on_error = p->on_error;
   b->err_ctx = p->err_ctx;
   b->capacity = p->host_device_bytes ? p->host_device_bytes : HOST_DEFAULT_CAPACITY;
+  b->vm_fd = -1;
   int err = pthread_mutex_init(&b->mu, NULL);
   if (err) {
     int st = report_errno(b, "pthread_mutex_init", err);
@@ -393,6 +410,8 @@ static void host_destroy(spw_backend_t *b) {
     free(h);
     h = next;
   }
+  if (b->vm_fd >= 0) close(b->vm_fd);
+  free(b->vm_free);
   pthread_mutex_destroy(&b->mu);
   free(b);
 }
@@ -704,6 +723,93 @@ static int host_launch_kernel(spw_backend_t *b, spw_stream_t s, const void *func
   return SPW_OK;
 }
 
+/* ---- address-stable memory ---------------------------------------------------------------- */
+
+static int host_vm_granularity(spw_backend_t *b, size_t *out) {
+  (void)b;
+  *out = HOST_VM_GRANULE;
+  return SPW_OK;
+}
+
+static int host_vm_reserve(spw_backend_t *b, size_t bytes, void **out) {
+  /* Over-reserve by a granule and trim, so that the range is granule-aligned as CUDA's is. */
+  size_t span = bytes + HOST_VM_GRANULE;
+  uint8_t *p = mmap(NULL, span, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return report_errno(b, "mmap", errno);
+  uintptr_t a = ((uintptr_t)p + HOST_VM_GRANULE - 1) & ~(uintptr_t)(HOST_VM_GRANULE - 1);
+  uint8_t *va = (uint8_t *)a;
+  if (va > p) munmap(p, (size_t)(va - p));
+  if (va + bytes < p + span) munmap(va + bytes, (size_t)(p + span - (va + bytes)));
+  *out = va;
+  return SPW_OK;
+}
+
+static int host_vm_free(spw_backend_t *b, void *va, size_t bytes) {
+  return munmap(va, bytes) == 0 ? SPW_OK : report_errno(b, "munmap", errno);
+}
+
+static int host_chunk_create(spw_backend_t *b, size_t bytes, uint64_t *out) {
+  if (bytes != HOST_VM_GRANULE) return SPW_ERR_INVALID_ARG;
+  pthread_mutex_lock(&b->mu);
+  int st = SPW_OK;
+  if (bytes > b->capacity - b->allocated) {
+    st = SPW_ERR_OUT_OF_MEMORY;
+  } else if (b->vm_fd < 0) {
+    /* Sparse: ftruncate commits nothing; a granule takes memory when it is first written. */
+    int fd = memfd_create("spillway-vm", MFD_CLOEXEC);
+    if (fd < 0 || ftruncate(fd, (off_t)(b->capacity + HOST_VM_GRANULE)) != 0) {
+      st = report_errno(b, fd < 0 ? "memfd_create" : "ftruncate", errno);
+      if (fd >= 0) close(fd);
+    } else {
+      b->vm_fd = fd;
+    }
+  }
+  if (st == SPW_OK) {
+    /* Offsets handed out never pass capacity + a granule: allocated <= capacity keeps the
+     * ones in use below it, and freed ones are reused before vm_next grows. */
+    if (b->vm_nfree > 0) {
+      *out = b->vm_free[--b->vm_nfree];
+    } else {
+      *out = b->vm_next;
+      b->vm_next += bytes;
+    }
+    b->allocated += bytes;
+  }
+  pthread_mutex_unlock(&b->mu);
+  if (st == SPW_ERR_OUT_OF_MEMORY)
+    report(b, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory (host backend: emulated device "
+                                          "capacity exhausted)");
+  return st;
+}
+
+static void host_chunk_release(spw_backend_t *b, uint64_t chunk, size_t bytes) {
+  /* The granule's memory goes back to the system, as cuMemRelease gives it to the device. */
+  (void)fallocate(b->vm_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)chunk,
+                  (off_t)bytes);
+  pthread_mutex_lock(&b->mu);
+  uint64_t *grown = spw__grow(b->vm_free, &b->vm_cap, b->vm_nfree + 1, sizeof *grown, 64);
+  if (grown) {
+    b->vm_free = grown;
+    b->vm_free[b->vm_nfree++] = chunk;
+  } /* else the offset is lost: the file only grows past capacity by what is lost */
+  b->allocated -= bytes;
+  pthread_mutex_unlock(&b->mu);
+}
+
+static int host_chunk_map(spw_backend_t *b, void *va, size_t bytes, uint64_t chunk) {
+  void *p = mmap(va, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, b->vm_fd,
+                 (off_t)chunk);
+  return p == MAP_FAILED ? report_errno(b, "mmap", errno) : SPW_OK;
+}
+
+static int host_chunk_unmap(spw_backend_t *b, void *va, size_t bytes) {
+  /* Back to an inaccessible reservation, not munmap: the range stays the caller's, and a
+   * late access faults instead of landing in whatever the system maps there next. */
+  void *p = mmap(va, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
+                 -1, 0);
+  return p == MAP_FAILED ? report_errno(b, "mmap", errno) : SPW_OK;
+}
+
 const spw_backend_ops_t spw__backend_host_ops = {
     .name = "host",
     .kind = SPW_BACKEND_HOST,
@@ -729,4 +835,11 @@ const spw_backend_ops_t spw__backend_host_ops = {
     .host_unregister = host_host_unregister,
     .launch_host_func = host_launch_host_func,
     .launch_kernel = host_launch_kernel,
+    .vm_granularity = host_vm_granularity,
+    .vm_reserve = host_vm_reserve,
+    .vm_free = host_vm_free,
+    .chunk_create = host_chunk_create,
+    .chunk_release = host_chunk_release,
+    .chunk_map = host_chunk_map,
+    .chunk_unmap = host_chunk_unmap,
 };

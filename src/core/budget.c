@@ -205,15 +205,24 @@ static int reserve_for_hint(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
   return SPW_ERR_OUT_OF_MEMORY;
 }
 
+/* Memory behind a reservation: mapped at a stable buffer's range, else from the pool. */
+static int device_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, void *va,
+                        void **out) {
+  if (!va) return spw__dpool_alloc(rt->dpool, bytes, stream, out);
+  int st = spw__stable_map(rt->stable, va);
+  if (st == SPW_OK) *out = va;
+  return st;
+}
+
 int spw__device_reserve(spw_runtime_t *rt, size_t bytes, uint64_t own, int hint) {
   return hint ? reserve_for_hint(rt, bytes, own) : spw__budget_reserve(rt, bytes, own);
 }
 
 int spw__device_alloc_reserved(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int hint,
-                               void **out) {
+                               void *va, void **out) {
   int st;
   for (int attempt = 0;; attempt++) {
-    st = spw__dpool_alloc(rt->dpool, bytes, stream, out);
+    st = device_alloc(rt, bytes, stream, va, out);
     if (st != SPW_ERR_OUT_OF_MEMORY) break;
     if (hint) break; /* no retries that wait: the hint is dropped */
     /* The device refused although the budget allowed it (fragmentation, another process,
@@ -224,6 +233,7 @@ int spw__device_alloc_reserved(spw_runtime_t *rt, size_t bytes, spw_stream_t str
     spw__completions_drain_for(rt->completions, FREES_LAND_NS);
     uint64_t moved = attempt == 0 ? 0 : spw__spill_lru(rt, bytes, SPW_SPILL_ON_DEMAND, NULL);
     spw__dpool_trim(rt->dpool);
+    spw__stable_trim(rt->stable);
     rt->ops->trim(rt->be);
     if (attempt == 0) continue;
     if (moved == 0 && attempt >= 2) {
@@ -242,18 +252,25 @@ int spw__device_alloc_reserved(spw_runtime_t *rt, size_t bytes, spw_stream_t str
 }
 
 int spw__device_get_hint(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
-                         void **out) {
+                         void *va, void **out) {
   int st = reserve_for_hint(rt, bytes, own);
-  return st != SPW_OK ? st : spw__device_alloc_reserved(rt, bytes, stream, 1, out);
+  return st != SPW_OK ? st : spw__device_alloc_reserved(rt, bytes, stream, 1, va, out);
 }
 
 int spw__device_get(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
-                    void **out) {
+                    void *va, void **out) {
   int st = spw__budget_reserve(rt, bytes, own);
-  return st != SPW_OK ? st : spw__device_alloc_reserved(rt, bytes, stream, 0, out);
+  return st != SPW_OK ? st : spw__device_alloc_reserved(rt, bytes, stream, 0, va, out);
 }
 
 void spw__device_free(spw_runtime_t *rt, void *ptr, size_t bytes, spw_bevent_t *after) {
+  if (spw__stable_owns(rt->stable, ptr)) {
+    /* An unmap is not stream-ordered: wait for the copy that may still write the memory. A
+     * failed wait means a broken device; the memory goes all the same. */
+    if (after) (void)rt->ops->event_sync(rt->be, after);
+    (void)spw__stable_unmap(rt->stable, ptr);
+    return;
+  }
   if (after) spw__dpool_free_after_event(rt->dpool, ptr, bytes, after);
   else spw__dpool_free(rt->dpool, ptr, bytes, spw__d2h(rt));
 }

@@ -44,25 +44,29 @@ void spw__budget_spill_ended(spw_runtime_t *rt, uint64_t freed, uint64_t ended);
 
 /* Reserves and allocates device memory for a buffer of `bytes` on `stream` (a reservation
  * that the device itself refuses retries after making more room), giving the reservation
- * back on failure. Errors as spw__budget_reserve, plus the backend's. */
+ * back on failure. With `va` (an address-stable buffer's range) the memory is mapped there
+ * and *out is va. Errors as spw__budget_reserve, plus the backend's. */
 int spw__device_get(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
-                    void **out);
+                    void *va, void **out);
 /* The same for a prefetch, whose room must stay: it reserves only up to the high watermark,
  * spills only buffers that no prefetch brought back since their last acquire, and waits
  * for nothing but spills in flight. Errors: SPW_ERR_OUT_OF_MEMORY (no such room: the caller
  * drops the buffer from its prefetch, which is no failure), SPW_ERR_NOT_READY (see `own`). */
 int spw__device_get_hint(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
-                         void **out);
+                         void *va, void **out);
 /* The two halves of spw__device_get (hint 0) and spw__device_get_hint (hint 1), for a batch
  * that reserves every buffer of a part first and then takes their memory at once (small
  * blocks under one pool lock, spw__dpool_alloc_n): the reservation, with the errors of the
- * whole call; and the allocation of memory already reserved, which gives the reservation
- * back on failure (hint: SPW_ERR_OUT_OF_MEMORY at once, no retries that wait). */
+ * whole call; and the allocation of memory already reserved (mapped at `va` for a stable
+ * buffer), which gives the reservation back on failure (hint: SPW_ERR_OUT_OF_MEMORY at
+ * once, no retries that wait). */
 int spw__device_reserve(spw_runtime_t *rt, size_t bytes, uint64_t own, int hint);
 int spw__device_alloc_reserved(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int hint,
-                               void **out);
+                               void *va, void **out);
 /* Returns device memory: at once when no work can touch it, or, with `after` non-NULL,
- * once that event (recorded by the caller) has completed. spw__device_put also credits its
+ * once that event (recorded by the caller) has completed (a stable buffer's memory is
+ * unmapped after waiting for the event here: its range must be free of mappings before the
+ * next unspill maps it again). spw__device_put also credits its
  * reservation (at once: the memory is on its way back); spw__device_free leaves that to
  * the caller, who credits a whole batch with one spw__budget_credit. */
 void spw__device_free(spw_runtime_t *rt, void *ptr, size_t bytes, spw_bevent_t *after);

@@ -108,19 +108,29 @@ void spw__slot_drop_clean(spw_runtime_t *rt, spw_slot_t *s, int copy_may_read) {
 
 /* ---- creation and free ------------------------------------------------------------------ */
 
-int spw__buffer_create(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, spw_buf_t *out) {
-  void *d = NULL;
-  int st = spw__device_get(rt, bytes, stream, 0, &d);
-  if (st != SPW_OK) return st;
+int spw__buffer_create(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int stable,
+                       spw_buf_t *out) {
+  void *d = NULL, *va = NULL;
+  int st = stable ? spw__stable_reserve(rt->stable, bytes, &va) : SPW_OK;
+  if (st != SPW_OK)
+    return spw__set_error(rt, st, "no address range for a stable buffer of %zu bytes: %s", bytes,
+                          spw_strerror(st));
+  st = spw__device_get(rt, bytes, stream, 0, va, &d);
+  if (st != SPW_OK) {
+    if (va) spw__stable_unreserve(rt->stable, va);
+    return st;
+  }
   spw_buf_t h;
   spw_slot_t *s;
   st = spw__handles_alloc(&rt->handles, &h, &s);
   if (st != SPW_OK) {
     spw__device_put(rt, d, bytes, NULL);
+    if (va) spw__stable_unreserve(rt->stable, va);
     return st;
   }
   s->size = bytes;
   s->dptr = d;
+  atomic_store_explicit(&s->va, va, memory_order_relaxed);
   atomic_store_explicit(&s->last_use, spw__coarse_now_ns(), memory_order_relaxed);
   spw__handles_publish(s, SPW_STATE_RESIDENT);
   *out = h;
@@ -138,10 +148,14 @@ void spw__slot_finish_free(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, uint32
   /* An unspill copy may still be landing in the device memory and reading the host
    * extent: both go back behind it (`ready` stays with the slot, which outlives the wait). */
   spw_bevent_t *after = (w & SPW_W_WAIT) ? s->ready : NULL;
+  void *va = spw__slot_va(s);
   spw__handles_release(&rt->handles, s, spw__handle_index(h));
   pthread_mutex_unlock(&s->mu);
   uint64_t device = spw__place_release(rt, &p, size, after);
   if (device) spw__budget_credit(rt, device);
+  /* After its memory is unmapped; a mover that still holds memory mapped there (an unspill
+   * that found the buffer freed) unmaps it later, and the range goes back then. */
+  if (va) spw__stable_unreserve(rt->stable, va);
 }
 
 int spw__buffer_free(spw_runtime_t *rt, spw_buf_t h, size_t *size) {

@@ -133,9 +133,11 @@ uint64_t spw__place_release(spw_runtime_t *rt, spw_place_t *place, size_t size,
 void spw__slot_drop_clean(spw_runtime_t *rt, spw_slot_t *s, int copy_may_read);
 
 /* spw_alloc: a new RESIDENT buffer of `bytes` on device memory from spw__device_get on
- * `stream` (reserved against the budget, spilling on demand). Errors: those of
- * spw__device_get, and of the handle table. */
-int spw__buffer_create(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, spw_buf_t *out);
+ * `stream` (reserved against the budget, spilling on demand); with `stable`, at an address
+ * range reserved for its life (spw__stable_reserve). Errors: those of spw__device_get, of
+ * the stable pool, and of the handle table. */
+int spw__buffer_create(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int stable,
+                       spw_buf_t *out);
 /* spw_free: marks the buffer FREE_PENDING and finishes the free at once if nobody holds it
  * (no lock, no move). Errors: handle errors, SPW_ERR_FREED. *size gets its size. */
 int spw__buffer_free(spw_runtime_t *rt, spw_buf_t h, size_t *size);

@@ -515,6 +515,19 @@ static int resolve_watermarks(const spw_config_t *c, spw_settings_t *s, char *er
   return SPW_OK;
 }
 
+static int resolve_stable(const spw_config_t *c, spw_settings_t *s, char *err, size_t errlen) {
+  static const char *const words[] = {"0", "1", "off", "on"};
+  static const int values[] = {SPW_STABLE_OFF, SPW_STABLE_ON, SPW_STABLE_OFF, SPW_STABLE_ON};
+  static const keyword_setting_t k = {
+      "config.stable_addresses", "SPILLWAY_STABLE_ADDRESSES", words, values, 4,
+      SPW_STABLE_DEFAULT, SPW_STABLE_OFF, SPW_STABLE_OFF, SPW_STABLE_ON,
+      "SPW_STABLE_DEFAULT, SPW_STABLE_OFF or SPW_STABLE_ON", "0, 1, off or on"};
+  int v;
+  int st = resolve_keyword(&k, c->flags, (int)c->stable_addresses, &v, err, errlen);
+  s->stable_addresses = v == SPW_STABLE_ON;
+  return st;
+}
+
 int spw__config_resolve(const spw_config_t *cfg, spw_settings_t *out, char *err,
                         size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
@@ -545,6 +558,7 @@ int spw__config_resolve(const spw_config_t *cfg, spw_settings_t *out, char *err,
   if ((st = resolve_watermarks(&c, &s, err, errlen))) return st;
   if ((st = resolve_log_level(&c, &s, err, errlen))) return st;
   if ((st = resolve_trace(&c, &s, err, errlen))) return st;
+  if ((st = resolve_stable(&c, &s, err, errlen))) return st;
   *out = s;
   return SPW_OK;
 }

@@ -33,6 +33,7 @@ typedef struct spw_settings {
   uint64_t host_device_bytes;    /* never 0 */
   char trace_path[SPW_SPILL_DIR_MAX]; /* "" = no trace; "%p" already replaced */
   uint64_t trace_max;            /* bytes, never 0 */
+  int stable_addresses;          /* spw_alloc gives address-stable buffers */
 } spw_settings_t;
 
 /* Resolves `cfg` (NULL = all defaults) and the environment into `out`. On failure `out` is

@@ -135,9 +135,10 @@ static size_t read_back(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32
     for (; items && j < n; j++) {
       void *d = NULL;
       int st = SPW_ERR_OUT_OF_MEMORY;
+      void *va = spw__slot_va(m[j].s);
       if (!no_room)
-        st = hint ? spw__device_get_hint(rt, m[j].size, h2d, held, &d)
-                  : spw__device_get(rt, m[j].size, h2d, held, &d);
+        st = hint ? spw__device_get_hint(rt, m[j].size, h2d, held, va, &d)
+                  : spw__device_get(rt, m[j].size, h2d, held, va, &d);
       if (st == SPW_ERR_NOT_READY) break; /* only with room held: read what it holds first */
       if (hint && st == SPW_ERR_OUT_OF_MEMORY) no_room = 1;
       items[j] = (spw_disk_item_t){.dptr = d, .bytes = m[j].size, .ext = m[j].from.disk,

@@ -78,6 +78,7 @@ void spw__handles_release(spw_handle_table_t *t, spw_slot_t *slot, uint32_t inde
   gen = (gen + 1) & SPW_GEN_MASK;
   if (gen == 0) gen = 1;
   slot->dptr = NULL;
+  atomic_store_explicit(&slot->va, NULL, memory_order_relaxed);
   slot->size = 0;
   atomic_store_explicit(&slot->word, spw__w_make(gen, SPW_SLOT_UNUSED, 0, 0), memory_order_release);
   atomic_fetch_sub_explicit(&t->live, 1, memory_order_relaxed);

@@ -75,6 +75,9 @@ typedef struct spw_slot {
   pthread_mutex_t mu;
   _Atomic size_t size;       /* atomic: the victim scans read it without the mutex */
   void *dptr;                /* device memory while RESIDENT or SPILLING */
+  void *_Atomic va;          /* an address-stable buffer's reserved range, for its whole
+                                life (dptr is va whenever it is not NULL); NULL for others.
+                                Set before the slot is published, read lock-free */
   spw_host_extent_t host;    /* authoritative in HOST / DEMOTING; a clean copy when the
                                 word has SPW_W_CLEAN and the buffer is RESIDENT */
   spw_disk_extent_t disk;    /* authoritative in DISK */
@@ -107,6 +110,11 @@ static inline void spw__handles_publish(spw_slot_t *s, uint32_t state) {
 }
 /* Returns a slot to the free list, bumping its generation. Caller holds slot->mu. */
 void spw__handles_release(spw_handle_table_t *t, spw_slot_t *slot, uint32_t index);
+
+/* The stable range of the slot's buffer, or NULL (set at creation, constant for its life). */
+static inline void *spw__slot_va(spw_slot_t *s) {
+  return atomic_load_explicit(&s->va, memory_order_relaxed);
+}
 
 static inline uint32_t spw__handle_index(spw_buf_t h) { return (uint32_t)(h & (SPW_MAX_SLOTS - 1)); }
 static inline uint32_t spw__handle_gen(spw_buf_t h) { return (uint32_t)((h >> 24) & SPW_GEN_MASK); }

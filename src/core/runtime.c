@@ -86,6 +86,8 @@ static void close_parts(spw_runtime_t *rt) {
   spw__trace_close(rt->trace); /* nothing adds events any more */
   rt->trace = NULL;
   spw__dpool_destroy(rt->dpool);
+  spw__stable_destroy(rt->stable);
+  rt->stable = NULL;
   if (rt->ops) {
     rt->ops->stream_sync(rt->be, rt->null_bstream);
     spw__event_pool_fini(&rt->events);
@@ -143,6 +145,13 @@ int spw__runtime_open(const spw_settings_t *settings, void (*armed)(spw_backend_
     spw_dpool_params_t p = {rt->ops, rt->be, rt->null_bstream, rt->budget.limit, rt->completions};
     st = spw__dpool_create(&p, &rt->dpool);
   }
+  if (st == SPW_OK) {
+    /* Unmapped chunks kept for the next unspill: an eighth of the limit, so that a steady
+     * spill/unspill churn of stable buffers creates no chunk, while cached chunks cannot
+     * hold much that an ordinary allocation might need (they go back when one is refused). */
+    spw_stable_params_t p = {rt->ops, rt->be, rt->budget.limit / 8};
+    st = spw__stable_create(&p, &rt->stable);
+  }
   /* A trace that cannot be written is logged and left out: it must not stop the program. */
   if (st == SPW_OK) (void)spw__trace_open(rt, &rt->trace);
   if (st == SPW_OK) {
@@ -182,7 +191,13 @@ void spw__runtime_close(spw_runtime_t *rt) {
   for (uint32_t i = 0; i < n; i++) {
     spw_slot_t *s = spw__handles_slot_at(&rt->handles, i);
     if (spw__w_state(atomic_load(&s->word)) == SPW_SLOT_UNUSED) continue;
-    spw__dpool_free(rt->dpool, s->dptr, s->size, rt->null_bstream);
+    void *va = spw__slot_va(s);
+    if (va) {
+      if (s->dptr) spw__stable_unmap(rt->stable, va);
+      spw__stable_unreserve(rt->stable, va);
+    } else {
+      spw__dpool_free(rt->dpool, s->dptr, s->size, rt->null_bstream);
+    }
     spw__arena_free(rt->arena, &s->host);
     spw__disk_free(rt->disk, &s->disk);
     s->dptr = NULL;

@@ -9,7 +9,8 @@
  *
  * Lock order (outer to inner): a slot's mu -> a stream's lock-map spin lock -> d2h_gate ->
  * budget mu, arena mutex, disk_mu, completion mutex, hints_mu -> engine mutex, event pool
- * mutex, tls_mu, ctl_mu. (hints_mu is held while a hint's job is queued on the engine.) A thread never holds two slot mutexes at once except through a trylock,
+ * mutex, tls_mu, ctl_mu, the stable pool's mutex (a leaf, taken with none of these held in
+ * practice: maps and unmaps happen outside slot mutexes). (hints_mu is held while a hint's job is queued on the engine.) A thread never holds two slot mutexes at once except through a trylock,
  * and no user or controller callback runs while any of these is held (callbacks are
  * collected and delivered afterwards).
  */
@@ -33,6 +34,7 @@
 #include "hint_set.h"
 #include "host_arena.h"
 #include "log.h"
+#include "stable_pool.h"
 #include "stream_table.h"
 #include "trace.h"
 
@@ -78,6 +80,7 @@ struct spw_runtime {
   int disk_logged; /* the last failure to open it that was logged (once per reason) */
 
   spw_dpool_t *dpool;
+  spw_stable_t *stable; /* address ranges and chunks of address-stable buffers */
   spw_engine_t *engine;
   spw_completions_t *completions;
   spw_event_pool_t events;

@@ -123,7 +123,8 @@ static void settle(spill_run_t *r, spw_victim_t *v, int copy_status, size_t *nfr
   int landing = is_clean(v) && is_landing(v);
   spw_place_t to = {.host = v->ext};
   v->end = spw__move_commit(rt, &v->m, &to, landing ? SPW_W_WAIT : 0, 0, &release);
-  if (v->end == SPW_MOVE_DONE && !landing && release.dptr) {
+  /* Pool memory goes back in one call per part; a stable buffer's is unmapped instead. */
+  if (v->end == SPW_MOVE_DONE && !landing && release.dptr && !spw__slot_va(v->m.s)) {
     r->scratch->dptr[*nfree] = release.dptr;
     r->scratch->bytes[(*nfree)++] = v->m.size;
     release.dptr = NULL;

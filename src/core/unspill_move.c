@@ -13,6 +13,7 @@
  * on other streams wait on `ready` until it has been seen complete, and whatever the copy
  * still reads or writes (the host extent; the device memory, if the buffer is freed) is
  * released behind `ready`. The host copy is kept as a clean copy for a read-only acquire. */
+#include <stdint.h>
 #include <stdlib.h>
 
 #include "clock.h"
@@ -25,7 +26,7 @@ int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, un
   spw_slot_t *s = m->s;
   void *d = NULL;
   int copied = 0, recorded = 0;
-  int st = spw__device_get(rt, m->size, stream, 0, &d);
+  int st = spw__device_get(rt, m->size, stream, 0, spw__slot_va(s), &d);
   if (st == SPW_OK) {
     /* One copy on a copy engine, as a raw per-buffer copy would be: the batch kernel pays
      * off over many buffers, not one. */
@@ -136,8 +137,10 @@ static void up_start(void *ctx, spw_part_t *p) {
     bytes += it->m.size;
     if (it->status != SPW_OK) continue;
     r->held += it->m.size;
+    /* A stable buffer's memory is mapped at its own range, not taken from the pool: it goes
+     * to the one-by-one path below (SIZE_MAX stops the pool's batch there). */
     sc->idx[k] = i;
-    sc->bytes[k++] = it->m.size;
+    sc->bytes[k++] = spw__slot_va(it->m.s) ? SIZE_MAX : it->m.size;
   }
   p->count = i - p->first;
   size_t got = spw__dpool_alloc_n(r->rt->dpool, sc->bytes, k, sc->ptr), nd = 0;
@@ -150,7 +153,8 @@ static void up_start(void *ctx, spw_part_t *p) {
       up_unreserve(r, it, SPW_ERR_OUT_OF_MEMORY);
       continue;
     } else {
-      int st = spw__device_alloc_reserved(r->rt, it->m.size, r->h2d, r->hint, &it->d);
+      int st = spw__device_alloc_reserved(r->rt, it->m.size, r->h2d, r->hint,
+                                          spw__slot_va(it->m.s), &it->d);
       if (st != SPW_OK) { /* the reservation went back with the failure */
         it->d = NULL;
         up_unreserve(r, it, st);

@@ -1,0 +1,393 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Address ranges and physical chunks for address-stable buffers (contract in
+ * stable_pool.h; the design and its costs in docs/design.md, "Address-stable buffers").
+ *
+ * A region is one reserved range: a buffer's own (`large`: at least a granule, rounded up
+ * to whole granules, one chunk per granule while mapped) or a shared page of one granule
+ * cut into blocks of one power-of-two size class (`small`), whose single chunk is mapped
+ * while any of its blocks is. Regions are kept sorted by address for lookup by pointer.
+ *
+ * Why small buffers share pages: a granule is 2 MiB on current GPUs, so a 64 KiB buffer
+ * with its own range would pin 32 times its size whenever resident. Sharing costs what a
+ * page's other blocks keep mapped: a spilled small buffer frees device memory only when the
+ * last resident block of its page leaves. The budget counts buffers by their size, as for
+ * every buffer; the rounding of large ranges, the mapped part of pages and the pooled
+ * chunks are outside it, like the free blocks of the device pool's slabs.
+ *
+ * Invariants (under mu):
+ *  - a block is in exactly one of: free (on its page's free stack or past `next`), owned
+ *    (reserved, not dead), dead (unreserved while still mapped: freed by its last unmap);
+ *  - maps are counted, per block and per large region: a buffer's memory is mapped while
+ *    its count is above 0. A spill commits before it unmaps (the unmap follows the commit,
+ *    outside the slot's mutex), so an unspill may map the buffer again before the spill's
+ *    unmap came: the count keeps the memory mapped for it, and the late unmap only lowers
+ *    the count. The core pairs every map with one unmap, as it pairs allocations and frees;
+ *  - page->resident == number of blocks with maps > 0; the page's chunk is mapped iff
+ *    resident > 0; a large region's chunks are mapped iff maps > 0;
+ *  - pooled chunks are mapped nowhere; npool * gran <= pool_cap.
+ */
+#include "stable_pool.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <pthread.h>
+
+#include "grow.h"
+
+#define MIN_SHIFT 8u /* 256 B: the alignment every device allocation has */
+
+typedef struct region {
+  uint8_t *va;
+  size_t span;  /* bytes reserved: whole granules */
+  int small;
+  /* large */
+  uint32_t lmaps;   /* outstanding maps: mapped iff > 0 */
+  int dead;
+  uint64_t *chunks; /* span / gran handles while mapped */
+  /* small page */
+  uint32_t cls, block, blocks; /* class, block size, blocks per page */
+  uint32_t next;               /* blocks [next, blocks) were never handed out */
+  uint32_t live;               /* owned or dead blocks */
+  uint32_t resident;           /* mapped blocks (maps[b] > 0) */
+  uint32_t *free_stack;        /* blocks given back, reused first */
+  uint32_t nfree;
+  uint8_t *state;              /* per block: BLOCK_* bits */
+  uint16_t *bmaps;             /* per block: outstanding maps */
+  uint64_t chunk;              /* while resident > 0 */
+} region_t;
+
+#define BLOCK_OWNED 0x1u
+#define BLOCK_DEAD 0x4u
+
+struct spw_stable {
+  spw_stable_params_t p;
+  pthread_mutex_t mu;
+  int gran_status; /* 1: not asked yet */
+  size_t gran;
+  uint32_t nclasses;
+  region_t **regions; /* sorted by va */
+  size_t nregions, rcap;
+  _Atomic size_t live_regions; /* read without mu: no regions, no lookup */
+  uint64_t *pool;
+  size_t npool, pcap;
+  uint64_t mapped_bytes, reserved_bytes;
+};
+
+int spw__stable_create(const spw_stable_params_t *p, spw_stable_t **out) {
+  spw_stable_t *sp = calloc(1, sizeof *sp);
+  if (!sp) return SPW_ERR_SYSTEM;
+  sp->p = *p;
+  sp->gran_status = 1;
+  pthread_mutex_init(&sp->mu, NULL);
+  *out = sp;
+  return SPW_OK;
+}
+
+static int granularity_locked(spw_stable_t *sp) {
+  if (sp->gran_status == 1) {
+    sp->gran_status = sp->p.ops->vm_granularity
+                          ? sp->p.ops->vm_granularity(sp->p.be, &sp->gran)
+                          : SPW_ERR_UNSUPPORTED;
+    if (sp->gran_status == SPW_OK && (sp->gran < ((size_t)1 << (MIN_SHIFT + 1)) ||
+                                      (sp->gran & (sp->gran - 1))))
+      sp->gran_status = SPW_ERR_UNSUPPORTED; /* not a power of two we can cut into blocks */
+    if (sp->gran_status == SPW_OK) {
+      while (((size_t)1 << (MIN_SHIFT + sp->nclasses)) < sp->gran) sp->nclasses++;
+    }
+  }
+  return sp->gran_status;
+}
+
+int spw__stable_granularity(spw_stable_t *sp, size_t *out) {
+  pthread_mutex_lock(&sp->mu);
+  int st = granularity_locked(sp);
+  if (st == SPW_OK) *out = sp->gran;
+  pthread_mutex_unlock(&sp->mu);
+  return st;
+}
+
+/* The region whose range holds ptr, or NULL; its index in *at when found. */
+static region_t *find(spw_stable_t *sp, const void *ptr, size_t *at) {
+  const uint8_t *b = ptr;
+  size_t lo = 0, hi = sp->nregions;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (sp->regions[mid]->va <= b) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo == 0) return NULL;
+  region_t *r = sp->regions[lo - 1];
+  if (b >= r->va + r->span) return NULL;
+  if (at) *at = lo - 1;
+  return r;
+}
+
+static int insert(spw_stable_t *sp, region_t *r) {
+  region_t **g = spw__grow(sp->regions, &sp->rcap, sp->nregions + 1, sizeof *g, 64);
+  if (!g) return SPW_ERR_SYSTEM;
+  sp->regions = g;
+  size_t lo = 0, hi = sp->nregions;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (sp->regions[mid]->va < r->va) lo = mid + 1;
+    else hi = mid;
+  }
+  memmove(&sp->regions[lo + 1], &sp->regions[lo], (sp->nregions - lo) * sizeof *sp->regions);
+  sp->regions[lo] = r;
+  sp->nregions++;
+  atomic_store_explicit(&sp->live_regions, sp->nregions, memory_order_release);
+  return SPW_OK;
+}
+
+/* Removes r (nothing mapped in it) and gives its range back. */
+static void drop(spw_stable_t *sp, region_t *r) {
+  size_t at;
+  if (find(sp, r->va, &at) == r) {
+    memmove(&sp->regions[at], &sp->regions[at + 1], (sp->nregions - at - 1) * sizeof *sp->regions);
+    sp->nregions--;
+    atomic_store_explicit(&sp->live_regions, sp->nregions, memory_order_release);
+  }
+  (void)sp->p.ops->vm_free(sp->p.be, r->va, r->span);
+  sp->reserved_bytes -= r->span;
+  free(r->chunks);
+  free(r->free_stack);
+  free(r->state);
+  free(r->bmaps);
+  free(r);
+}
+
+static region_t *new_region(spw_stable_t *sp, size_t span, int *st) {
+  region_t *r = calloc(1, sizeof *r);
+  if (!r) {
+    *st = SPW_ERR_SYSTEM;
+    return NULL;
+  }
+  void *va = NULL;
+  *st = sp->p.ops->vm_reserve(sp->p.be, span, &va);
+  if (*st != SPW_OK) {
+    free(r);
+    return NULL;
+  }
+  r->va = va;
+  r->span = span;
+  sp->reserved_bytes += span;
+  return r;
+}
+
+static int reserve_large(spw_stable_t *sp, size_t bytes, void **out) {
+  size_t span = (bytes + sp->gran - 1) & ~(sp->gran - 1);
+  int st;
+  region_t *r = new_region(sp, span, &st);
+  if (!r) return st;
+  r->chunks = calloc(span / sp->gran, sizeof *r->chunks);
+  if (!r->chunks || insert(sp, r) != SPW_OK) {
+    drop(sp, r); /* not inserted: drop only frees it */
+    return SPW_ERR_SYSTEM;
+  }
+  *out = r->va;
+  return SPW_OK;
+}
+
+static int reserve_small(spw_stable_t *sp, size_t bytes, void **out) {
+  uint32_t cls = 0;
+  while (((size_t)1 << (MIN_SHIFT + cls)) < bytes) cls++;
+  /* A page of this class with a free block: the lowest address first, which keeps the
+   * live blocks packed into few pages. */
+  region_t *page = NULL;
+  for (size_t i = 0; i < sp->nregions && !page; i++) {
+    region_t *r = sp->regions[i];
+    if (r->small && r->cls == cls && (r->nfree > 0 || r->next < r->blocks)) page = r;
+  }
+  if (!page) {
+    int st;
+    page = new_region(sp, sp->gran, &st);
+    if (!page) return st;
+    page->small = 1;
+    page->cls = cls;
+    page->block = 1u << (MIN_SHIFT + cls);
+    page->blocks = (uint32_t)(sp->gran / page->block);
+    page->free_stack = malloc(page->blocks * sizeof *page->free_stack);
+    page->state = calloc(page->blocks, 1);
+    page->bmaps = calloc(page->blocks, sizeof *page->bmaps);
+    if (!page->free_stack || !page->state || !page->bmaps || insert(sp, page) != SPW_OK) {
+      drop(sp, page);
+      return SPW_ERR_SYSTEM;
+    }
+  }
+  uint32_t b = page->nfree > 0 ? page->free_stack[--page->nfree] : page->next++;
+  page->state[b] = BLOCK_OWNED;
+  page->live++;
+  *out = page->va + (size_t)b * page->block;
+  return SPW_OK;
+}
+
+int spw__stable_reserve(spw_stable_t *sp, size_t bytes, void **va) {
+  pthread_mutex_lock(&sp->mu);
+  int st = granularity_locked(sp);
+  if (st == SPW_OK) st = bytes >= sp->gran ? reserve_large(sp, bytes, va) : reserve_small(sp, bytes, va);
+  pthread_mutex_unlock(&sp->mu);
+  return st;
+}
+
+/* A block's address, or UINT32_MAX when ptr is not the start of one. */
+static uint32_t block_of(const region_t *page, const void *ptr) {
+  size_t off = (size_t)((const uint8_t *)ptr - page->va);
+  if (off % page->block) return UINT32_MAX;
+  return (uint32_t)(off / page->block);
+}
+
+static void free_block(spw_stable_t *sp, region_t *page, uint32_t b) {
+  page->state[b] = 0;
+  page->free_stack[page->nfree++] = b;
+  if (--page->live == 0) drop(sp, page); /* nothing mapped: resident counts mapped blocks */
+}
+
+void spw__stable_unreserve(spw_stable_t *sp, void *va) {
+  pthread_mutex_lock(&sp->mu);
+  region_t *r = find(sp, va, NULL);
+  if (r && !r->small && r->va == va && !r->dead) {
+    if (r->lmaps > 0) r->dead = 1; /* the last unmap frees it */
+    else drop(sp, r);
+  } else if (r && r->small) {
+    uint32_t b = block_of(r, va);
+    if (b != UINT32_MAX && b < r->next && r->state[b] == BLOCK_OWNED) {
+      if (r->bmaps[b] > 0) r->state[b] = BLOCK_DEAD;
+      else free_block(sp, r, b);
+    }
+  }
+  pthread_mutex_unlock(&sp->mu);
+}
+
+/* One chunk: from the pool, else a new one. */
+static int chunk_get(spw_stable_t *sp, uint64_t *out) {
+  if (sp->npool > 0) {
+    *out = sp->pool[--sp->npool];
+    return SPW_OK;
+  }
+  return sp->p.ops->chunk_create(sp->p.be, sp->gran, out);
+}
+
+/* Back to the pool while it is under its cap, else to the device. */
+static void chunk_put(spw_stable_t *sp, uint64_t c) {
+  if ((uint64_t)(sp->npool + 1) * sp->gran <= sp->p.pool_cap) {
+    uint64_t *g = spw__grow(sp->pool, &sp->pcap, sp->npool + 1, sizeof *g, 64);
+    if (g) {
+      sp->pool = g;
+      sp->pool[sp->npool++] = c;
+      return;
+    }
+  }
+  sp->p.ops->chunk_release(sp->p.be, c, sp->gran);
+}
+
+static int map_chunk(spw_stable_t *sp, uint8_t *at, uint64_t *chunk) {
+  int st = chunk_get(sp, chunk);
+  if (st != SPW_OK) return st;
+  st = sp->p.ops->chunk_map(sp->p.be, at, sp->gran, *chunk);
+  if (st != SPW_OK) chunk_put(sp, *chunk);
+  else sp->mapped_bytes += sp->gran;
+  return st;
+}
+
+static void unmap_chunk(spw_stable_t *sp, uint8_t *at, uint64_t chunk) {
+  /* A failed unmap leaves the chunk mapped: it cannot be reused, so it is not pooled. */
+  if (sp->p.ops->chunk_unmap(sp->p.be, at, sp->gran) == SPW_OK) chunk_put(sp, chunk);
+  sp->mapped_bytes -= sp->gran;
+}
+
+int spw__stable_map(spw_stable_t *sp, void *va) {
+  pthread_mutex_lock(&sp->mu);
+  int st = SPW_ERR_INTERNAL;
+  region_t *r = find(sp, va, NULL);
+  if (r && !r->small && r->va == va && !r->dead && r->lmaps > 0) {
+    r->lmaps++; /* still mapped: an unmap is on its way (see the invariants) */
+    st = SPW_OK;
+  } else if (r && !r->small && r->va == va && !r->dead) {
+    size_t n = r->span / sp->gran, i;
+    st = SPW_OK;
+    for (i = 0; i < n && st == SPW_OK; i++) st = map_chunk(sp, r->va + i * sp->gran, &r->chunks[i]);
+    if (st != SPW_OK) {
+      for (size_t k = 0; k + 1 < i; k++) unmap_chunk(sp, r->va + k * sp->gran, r->chunks[k]);
+    } else {
+      r->lmaps = 1;
+    }
+  } else if (r && r->small) {
+    uint32_t b = block_of(r, va);
+    if (b != UINT32_MAX && b < r->next && r->state[b] == BLOCK_OWNED && r->bmaps[b] < UINT16_MAX) {
+      st = r->resident > 0 ? SPW_OK : map_chunk(sp, r->va, &r->chunk);
+      if (st == SPW_OK && r->bmaps[b]++ == 0) r->resident++;
+    }
+  }
+  pthread_mutex_unlock(&sp->mu);
+  return st;
+}
+
+int spw__stable_unmap(spw_stable_t *sp, void *va) {
+  pthread_mutex_lock(&sp->mu);
+  int st = SPW_ERR_INTERNAL;
+  region_t *r = find(sp, va, NULL);
+  if (r && !r->small && r->va == va && r->lmaps > 0) {
+    if (--r->lmaps == 0) {
+      for (size_t i = 0; i < r->span / sp->gran; i++)
+        unmap_chunk(sp, r->va + i * sp->gran, r->chunks[i]);
+      if (r->dead) drop(sp, r);
+    }
+    st = SPW_OK;
+  } else if (r && r->small) {
+    uint32_t b = block_of(r, va);
+    if (b != UINT32_MAX && b < r->next && r->bmaps[b] > 0) {
+      if (--r->bmaps[b] == 0) {
+        if (--r->resident == 0) unmap_chunk(sp, r->va, r->chunk);
+        if (r->state[b] & BLOCK_DEAD) free_block(sp, r, b);
+      }
+      st = SPW_OK;
+    }
+  }
+  pthread_mutex_unlock(&sp->mu);
+  return st;
+}
+
+int spw__stable_owns(spw_stable_t *sp, const void *ptr) {
+  if (!sp || !ptr || atomic_load_explicit(&sp->live_regions, memory_order_acquire) == 0) return 0;
+  pthread_mutex_lock(&sp->mu);
+  int owns = find(sp, ptr, NULL) != NULL;
+  pthread_mutex_unlock(&sp->mu);
+  return owns;
+}
+
+uint64_t spw__stable_trim(spw_stable_t *sp) {
+  pthread_mutex_lock(&sp->mu);
+  uint64_t released = (uint64_t)sp->npool * sp->gran;
+  for (size_t i = 0; i < sp->npool; i++) sp->p.ops->chunk_release(sp->p.be, sp->pool[i], sp->gran);
+  sp->npool = 0;
+  pthread_mutex_unlock(&sp->mu);
+  return released;
+}
+
+void spw__stable_usage(spw_stable_t *sp, uint64_t *mapped, uint64_t *pooled, uint64_t *reserved) {
+  pthread_mutex_lock(&sp->mu);
+  if (mapped) *mapped = sp->mapped_bytes;
+  if (pooled) *pooled = (uint64_t)sp->npool * sp->gran;
+  if (reserved) *reserved = sp->reserved_bytes;
+  pthread_mutex_unlock(&sp->mu);
+}
+
+void spw__stable_destroy(spw_stable_t *sp) {
+  if (!sp) return;
+  /* Whatever is left (a runtime closed with buffers): unmap, then give the ranges back. */
+  while (sp->nregions > 0) {
+    region_t *r = sp->regions[sp->nregions - 1];
+    if (!r->small && r->lmaps > 0)
+      for (size_t i = 0; i < r->span / sp->gran; i++)
+        unmap_chunk(sp, r->va + i * sp->gran, r->chunks[i]);
+    if (r->small && r->resident > 0) unmap_chunk(sp, r->va, r->chunk);
+    drop(sp, r);
+  }
+  spw__stable_trim(sp);
+  free(sp->regions);
+  free(sp->pool);
+  pthread_mutex_destroy(&sp->mu);
+  free(sp);
+}

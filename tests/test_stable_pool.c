@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Unit tests of the stable pool (spill/stable_pool.c) over the real host backend, whose
+ * emulation of virtual memory management keeps the contract of backend.h: what the pool
+ * promises the core, checked call by call without a runtime's timing in the way. Maps are
+ * counted (a map of a mapped buffer keeps its memory, the matching unmap only lowers the
+ * count), an unreserve that overtakes the last unmap leaves the range to that unmap, small
+ * buffers share a page whose chunk goes with its last mapped block, unmapped chunks are
+ * pooled up to the cap and trimmed, and the bytes survive an unmap and a map at the same
+ * address only as far as the caller copies them (the pool reuses chunks). */
+#include <stdint.h>
+#include <string.h>
+
+#include "backend.h"
+#include "stable_pool.h"
+#include "test_main.h"
+#include "test_util.h"
+
+static spw_backend_t *be;
+static spw_stable_t *sp;
+static size_t gran;
+
+static void open_pool(uint64_t pool_cap) {
+  spw_backend_params_t p = {.device = 0, .host_device_bytes = (uint64_t)64 << 20};
+  ASSERT_OK(spw__backend_host_ops.create(&p, &be));
+  spw_stable_params_t sp_p = {&spw__backend_host_ops, be, pool_cap};
+  ASSERT_OK(spw__stable_create(&sp_p, &sp));
+  ASSERT_OK(spw__stable_granularity(sp, &gran));
+}
+
+static void before(void) { open_pool((uint64_t)1 << 20); }
+
+static void after(void) {
+  spw__stable_destroy(sp);
+  sp = NULL;
+  if (be) spw__backend_host_ops.destroy(be);
+  be = NULL;
+}
+
+static uint64_t mapped(void) {
+  uint64_t m = 0;
+  spw__stable_usage(sp, &m, NULL, NULL);
+  return m;
+}
+static uint64_t pooled(void) {
+  uint64_t p = 0;
+  spw__stable_usage(sp, NULL, &p, NULL);
+  return p;
+}
+static uint64_t reserved(void) {
+  uint64_t r = 0;
+  spw__stable_usage(sp, NULL, NULL, &r);
+  return r;
+}
+
+static void a_large_range_is_rounded_up_to_whole_granules(void) {
+  void *va = NULL;
+  ASSERT_OK(spw__stable_reserve(sp, 2 * gran + 1, &va));
+  ASSERT_UEQ((uintptr_t)va % gran, 0);
+  ASSERT_UEQ(reserved(), 3 * gran);
+  ASSERT_UEQ(mapped(), 0);
+  ASSERT_OK(spw__stable_map(sp, va));
+  ASSERT_UEQ(mapped(), 3 * gran);
+  memset(va, 0x11, 2 * gran + 1); /* the whole buffer is writable */
+  ASSERT_OK(spw__stable_unmap(sp, va));
+  spw__stable_unreserve(sp, va);
+  ASSERT_UEQ(reserved(), 0);
+}
+
+static void a_second_map_keeps_the_memory_until_its_own_unmap(void) {
+  void *va = NULL;
+  ASSERT_OK(spw__stable_reserve(sp, gran, &va));
+  ASSERT_OK(spw__stable_map(sp, va));
+  memset(va, 0x5A, gran);
+  /* An unspill maps again before the spill's unmap came: same memory, same bytes. */
+  ASSERT_OK(spw__stable_map(sp, va));
+  ASSERT_OK(spw__stable_unmap(sp, va)); /* the spill's, late */
+  ASSERT_UEQ(mapped(), gran);
+  ASSERT_EQ(((volatile uint8_t *)va)[gran - 1], 0x5A);
+  ASSERT_OK(spw__stable_unmap(sp, va));
+  ASSERT_UEQ(mapped(), 0);
+  ASSERT_STATUS(spw__stable_unmap(sp, va), SPW_ERR_INTERNAL); /* one unmap per map */
+  spw__stable_unreserve(sp, va);
+}
+
+static void an_unreserve_before_the_last_unmap_leaves_the_range_to_it(void) {
+  void *va = NULL;
+  ASSERT_OK(spw__stable_reserve(sp, gran, &va));
+  ASSERT_OK(spw__stable_map(sp, va));
+  spw__stable_unreserve(sp, va); /* a free that overtook a mover */
+  ASSERT_UEQ(reserved(), gran);  /* still reserved: something is mapped there */
+  ASSERT_TRUE(spw__stable_owns(sp, va));
+  ASSERT_STATUS(spw__stable_map(sp, va), SPW_ERR_INTERNAL); /* dead: no new map */
+  ASSERT_OK(spw__stable_unmap(sp, va));
+  ASSERT_UEQ(reserved(), 0);
+  ASSERT_TRUE(!spw__stable_owns(sp, va));
+}
+
+static void small_buffers_share_a_page_mapped_while_any_block_is(void) {
+  void *a = NULL, *b = NULL;
+  ASSERT_OK(spw__stable_reserve(sp, 1000, &a));
+  ASSERT_OK(spw__stable_reserve(sp, 1024, &b));
+  ASSERT_UEQ((uintptr_t)a / gran, (uintptr_t)b / gran);
+  ASSERT_UEQ(reserved(), gran);
+  ASSERT_OK(spw__stable_map(sp, a));
+  ASSERT_OK(spw__stable_map(sp, b));
+  ASSERT_UEQ(mapped(), gran);
+  ASSERT_OK(spw__stable_unmap(sp, a));
+  ASSERT_UEQ(mapped(), gran); /* b keeps the page */
+  ASSERT_OK(spw__stable_unmap(sp, b));
+  ASSERT_UEQ(mapped(), 0);
+  spw__stable_unreserve(sp, a);
+  ASSERT_UEQ(reserved(), gran); /* b still owns a block */
+  spw__stable_unreserve(sp, b);
+  ASSERT_UEQ(reserved(), 0);
+}
+
+static void unmapped_chunks_are_pooled_up_to_the_cap_and_trimmed(void) {
+  /* A cap of 2 granules: an unmap of 4 pools 2 and releases 2. */
+  after();
+  open_pool(2 * (uint64_t)(64 << 10));
+  ASSERT_UEQ(gran, 64 << 10);
+  void *va = NULL;
+  ASSERT_OK(spw__stable_reserve(sp, 4 * gran, &va));
+  ASSERT_OK(spw__stable_map(sp, va));
+  size_t free_before = 0;
+  ASSERT_OK(spw__backend_host_ops.mem_info(be, &free_before, NULL));
+  ASSERT_OK(spw__stable_unmap(sp, va));
+  ASSERT_UEQ(pooled(), 2 * gran);
+  size_t free_after = 0;
+  ASSERT_OK(spw__backend_host_ops.mem_info(be, &free_after, NULL));
+  ASSERT_UEQ(free_after - free_before, 2 * gran);
+  /* A map takes the pooled chunks first. */
+  ASSERT_OK(spw__stable_map(sp, va));
+  ASSERT_UEQ(pooled(), 0);
+  ASSERT_OK(spw__stable_unmap(sp, va));
+  ASSERT_UEQ(spw__stable_trim(sp), 2 * gran);
+  ASSERT_UEQ(pooled(), 0);
+  spw__stable_unreserve(sp, va);
+}
+
+static void a_chunk_the_device_refuses_maps_nothing(void) {
+  /* 64 MiB of emulated device: a range of 65 MiB cannot be mapped. */
+  void *va = NULL;
+  ASSERT_OK(spw__stable_reserve(sp, (size_t)65 << 20, &va));
+  ASSERT_STATUS(spw__stable_map(sp, va), SPW_ERR_OUT_OF_MEMORY);
+  ASSERT_UEQ(mapped(), 0);
+  size_t free_bytes = 0;
+  ASSERT_OK(spw__backend_host_ops.mem_info(be, &free_bytes, NULL));
+  ASSERT_UEQ(free_bytes + pooled(), (size_t)64 << 20); /* what was taken is back or pooled */
+  spw__stable_unreserve(sp, va);
+  ASSERT_UEQ(reserved(), 0);
+}
+
+static void addresses_that_are_no_buffer_are_refused(void) {
+  void *a = NULL;
+  ASSERT_OK(spw__stable_reserve(sp, 1000, &a));
+  ASSERT_STATUS(spw__stable_map(sp, (uint8_t *)a + 8), SPW_ERR_INTERNAL);
+  int local = 0;
+  ASSERT_STATUS(spw__stable_map(sp, &local), SPW_ERR_INTERNAL);
+  ASSERT_TRUE(!spw__stable_owns(sp, &local));
+  ASSERT_STATUS(spw__stable_unmap(sp, a), SPW_ERR_INTERNAL); /* never mapped */
+  spw__stable_unreserve(sp, a);
+}
+
+static const spw_test_t tests[] = {
+    {"a_large_range_is_rounded_up_to_whole_granules", a_large_range_is_rounded_up_to_whole_granules},
+    {"a_second_map_keeps_the_memory_until_its_own_unmap",
+     a_second_map_keeps_the_memory_until_its_own_unmap},
+    {"an_unreserve_before_the_last_unmap_leaves_the_range_to_it",
+     an_unreserve_before_the_last_unmap_leaves_the_range_to_it},
+    {"small_buffers_share_a_page_mapped_while_any_block_is",
+     small_buffers_share_a_page_mapped_while_any_block_is},
+    {"unmapped_chunks_are_pooled_up_to_the_cap_and_trimmed",
+     unmapped_chunks_are_pooled_up_to_the_cap_and_trimmed},
+    {"a_chunk_the_device_refuses_maps_nothing", a_chunk_the_device_refuses_maps_nothing},
+    {"addresses_that_are_no_buffer_are_refused", addresses_that_are_no_buffer_are_refused},
+};
+
+TEST_MAIN_FIXTURE(tests, before, after)
