@@ -134,11 +134,13 @@ class ApiMachine(RuleBasedStateMachine):
                                    hostile), label="buffers")
 
     # -- the rules -----------------------------------------------------------------------------
-    @rule(data=st.data(), nbytes=sizes)
-    def alloc(self, data, nbytes):
-        b = call(self.rt.alloc, nbytes, self.stream(data))
+    @rule(data=st.data(), nbytes=sizes,
+          stable=st.one_of(st.sampled_from([None, True, False]), hostile))
+    def alloc(self, data, nbytes, stable):
+        b = call(self.rt.alloc, nbytes, self.stream(data), stable)
         if b is not None:
             self.buffers.append(b)
+            call(lambda: b.is_stable)
 
     @rule(data=st.data())
     def free(self, data):
@@ -331,8 +333,9 @@ class ApiMachine(RuleBasedStateMachine):
 
     @rule(field=st.sampled_from(size_fields), value=size_values,
           keyword=st.sampled_from(["backend", "io", "log_level"]),
-          word=st.one_of(st.sampled_from(["host", "posix", "off", "HOST", "auto"]), hostile))
-    def runtime_config(self, field, value, keyword, word):
+          word=st.one_of(st.sampled_from(["host", "posix", "off", "HOST", "auto"]), hostile),
+          stable=st.one_of(st.sampled_from([None, True, False]), hostile))
+    def runtime_config(self, field, value, keyword, word, stable):
         kw = {field: value}
         if field == "host_device_bytes" and isinstance(value, int) and value > 64 * MiB:
             kw[field] = 64 * MiB  # a real allocation of that size is not the point here
@@ -341,6 +344,10 @@ class ApiMachine(RuleBasedStateMachine):
             rt.close()
         rt = call(make_runtime, **{keyword: word})
         if rt is not None:
+            rt.close()
+        rt = call(make_runtime, stable_addresses=stable)
+        if rt is not None:
+            call(lambda: rt.stable_granularity)
             rt.close()
 
     @rule(value=hostile)

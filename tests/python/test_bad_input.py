@@ -63,6 +63,30 @@ def test_a_size_of_another_type_is_a_type_error(field, value):
         spillway.Runtime(backend="host", ignore_env=True, **{field: value})
 
 
+# A truthy or falsy non-bool ("off", 0, 1.0) must not pick a mode silently.
+NOT_BOOLS = ["on", "off", 0, 1, 1.0, b"1", [True], np.bool_(True)]
+
+
+@pytest.mark.parametrize("value", NOT_BOOLS)
+def test_stable_addresses_of_another_type_than_bool_is_a_type_error(value):
+    with pytest.raises(TypeError, match="stable_addresses"):
+        spillway.Runtime(backend="host", ignore_env=True, stable_addresses=value)
+
+
+@pytest.mark.parametrize("value", NOT_BOOLS)
+def test_alloc_stable_of_another_type_than_bool_is_a_type_error(rt, value):
+    with pytest.raises(TypeError, match="stable"):
+        rt.alloc(4096, stable=value)
+    assert rt.stats().buffers == 0
+
+
+@pytest.mark.parametrize("value", NOT_BOOLS)
+def test_array_stable_of_another_type_than_bool_is_a_type_error(rt, value):
+    with pytest.raises(TypeError, match="stable"):
+        spillway.DeferrableArray(rt, 16, stable=value)
+    assert rt.stats().buffers == 0
+
+
 def test_parse_size_is_the_c_parser_and_rejects_what_it_rejects():
     assert spillway.parse_size(str(2**64 - 1)) == 2**64 - 1
     assert spillway.parse_size(2**64 - 1) == 2**64 - 1

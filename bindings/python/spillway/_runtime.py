@@ -86,7 +86,9 @@ class Runtime(_c.RuntimeBase):
     ``"error"``, ``"warn"``, ``"info"``, ``"debug"``. ``ignore_env=True`` ignores every
     ``SPILLWAY_*`` variable. ``trace`` is a path for a Chrome trace-event file of the spill
     engine's work (SPILLWAY_TRACE; ``python -m spillway.plot`` draws it), ``trace_max`` its
-    size cap (SPILLWAY_TRACE_MAX).
+    size cap (SPILLWAY_TRACE_MAX). ``stable_addresses=True`` makes every allocation
+    address-stable unless it passes ``stable=False`` (SPILLWAY_STABLE_ADDRESSES; default
+    off; docs/python.md "Address-stable arrays").
 
     Use it as a context manager, or call :meth:`close`. Every method is thread-safe except
     :meth:`close`; calls that can wait release the GIL.
@@ -103,7 +105,8 @@ class Runtime(_c.RuntimeBase):
                  low_watermark: Optional[float] = None, log_level: Optional[str] = None,
                  host_device_bytes: Union[int, str, None] = None,
                  ignore_env: bool = False, trace: Optional[str] = None,
-                 trace_max: Union[int, str, None] = None) -> None:
+                 trace_max: Union[int, str, None] = None,
+                 stable_addresses: Optional[bool] = None) -> None:
         # Handles of the streams this runtime created and not yet destroyed (ints, not the
         # Stream objects: a Stream refers to its runtime, and a cycle would keep a dropped
         # runtime alive until the cyclic collector runs).
@@ -140,6 +143,13 @@ class Runtime(_c.RuntimeBase):
         """0 means no limit beyond the file system's free space."""
         return self.limits()[2]
 
+    @property
+    def stable_granularity(self) -> int:
+        """Bytes to which an address-stable buffer's reserved range is rounded (2 MiB on
+        current GPUs, 64 KiB on the host backend); UnsupportedError where the device or
+        driver has no virtual memory management."""
+        return self._stable_granularity()
+
     # -- streams ---------------------------------------------------------------------
     def stream(self) -> Stream:
         """Creates a stream owned by this runtime (destroyed by its close() or with the
@@ -157,7 +167,7 @@ class Runtime(_c.RuntimeBase):
             return True
 
     # -- buffers ---------------------------------------------------------------------
-    # alloc(nbytes, stream=None) -> Buffer, acquire_n, release_n_async, synchronize,
+    # alloc(nbytes, stream=None, stable=None) -> Buffer, acquire_n, release_n_async, synchronize,
     # release_async, wait_idle, register_stream, unregister_stream: implemented in C.
 
     def spill(self, buffers: Union[Buffer, Iterable[Buffer]], tier: Tier = Tier.HOST) -> None:

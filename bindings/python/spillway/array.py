@@ -104,8 +104,11 @@ def _numba_array_type(dtype: np.dtype, ndim: int, layout: str, readonly: bool):
 class DeferrableArray:
     """An array in a deferrable Spillway buffer (spilled to host or disk when unlocked).
 
-    ``DeferrableArray(runtime, shape, dtype, order="C", stream=None)`` allocates it
-    (contents undefined); :meth:`from_host` copies a NumPy array in. Attributes follow
+    ``DeferrableArray(runtime, shape, dtype, order="C", stream=None, stable=None)``
+    allocates it (contents undefined); :meth:`from_host` copies a NumPy array in.
+    ``stable=True`` makes it address-stable (its device pointer is the same for its whole
+    life, across spills; docs/python.md "Address-stable arrays"), ``False`` an ordinary
+    array even on a runtime with ``stable_addresses=True``; None follows the runtime. Attributes follow
     NumPy / Numba device arrays: ``shape``, ``dtype``, ``strides``, ``ndim``, ``size``,
     ``nbytes``, ``itemsize``. The buffer is freed by :meth:`free` (or ``with``), or when the
     array is garbage-collected; a launch still using it keeps the memory until its lock
@@ -118,7 +121,8 @@ class DeferrableArray:
                  "_numba_type_", "__weakref__")
 
     def __init__(self, runtime: Runtime, shape: Union[int, Sequence[int]], dtype=np.float64,
-                 order: str = "C", stream: StreamLike = None) -> None:
+                 order: str = "C", stream: StreamLike = None,
+                 stable: Optional[bool] = None) -> None:
         if not isinstance(runtime, _c.RuntimeBase):
             raise TypeError(f"expected a spillway.Runtime, not {type(runtime).__name__}")
         dt = _checked_dtype(dtype)
@@ -126,7 +130,7 @@ class DeferrableArray:
             raise ValueError(f"order must be 'C' or 'F', not {order!r}")
         dims = _normalize_shape(shape)
         nbytes = _nbytes(dims, dt.itemsize)
-        buf = runtime.alloc(max(nbytes, 1), stream)
+        buf = runtime.alloc(max(nbytes, 1), stream, stable)
         self._setup(buf, dims, dt, order)
 
     def _setup(self, buf: Buffer, shape: Tuple[int, ...], dtype: np.dtype, order: str) -> None:
@@ -145,12 +149,14 @@ class DeferrableArray:
         self._readonly: Optional[ReadOnly] = None
 
     @classmethod
-    def from_host(cls, runtime: Runtime, ary, stream: StreamLike = None) -> "DeferrableArray":
+    def from_host(cls, runtime: Runtime, ary, stream: StreamLike = None,
+                  stable: Optional[bool] = None) -> "DeferrableArray":
         """A new deferrable array holding a copy of `ary` (anything np.asarray accepts that
-        gives one of the accepted dtypes; TypeError otherwise)."""
+        gives one of the accepted dtypes; TypeError otherwise); `stable` as for the
+        constructor."""
         ary = np.asarray(ary)
         order = "F" if ary.flags.f_contiguous and not ary.flags.c_contiguous else "C"
-        self = cls(runtime, ary.shape, ary.dtype, order=order, stream=stream)
+        self = cls(runtime, ary.shape, ary.dtype, order=order, stream=stream, stable=stable)
         self.copy_from_host(ary, stream)
         return self
 
@@ -190,6 +196,11 @@ class DeferrableArray:
     @property
     def lock_count(self) -> int:
         return self._buffer.lock_count
+
+    @property
+    def is_stable(self) -> bool:
+        """True if the array's device pointer is the same for its whole life."""
+        return self._buffer.is_stable
 
     def __getattr__(self, name: str):
         if name == "_numba_type_":  # first use: numba is imported only now

@@ -199,21 +199,26 @@ def is_deferrable(obj: Any) -> bool:
     return isinstance(obj, (DeferrableArray, ReadOnly))
 
 
-def device_array(shape, dtype=np.float64, order: str = "C",
-                 stream: StreamLike = 0) -> DeferrableArray:
-    """A new deferrable array on Numba's current device (contents undefined)."""
-    return DeferrableArray(runtime(), shape, dtype, order=order, stream=stream or None)
+def device_array(shape, dtype=np.float64, order: str = "C", stream: StreamLike = 0,
+                 stable: Optional[bool] = None) -> DeferrableArray:
+    """A new deferrable array on Numba's current device (contents undefined). ``stable``:
+    address-stable (True), ordinary (False) or as the runtime's stable_addresses (None)."""
+    return DeferrableArray(runtime(), shape, dtype, order=order, stream=stream or None,
+                           stable=stable)
 
 
-def device_array_like(ary, stream: StreamLike = 0) -> DeferrableArray:
+def device_array_like(ary, stream: StreamLike = 0,
+                      stable: Optional[bool] = None) -> DeferrableArray:
     order = "F" if getattr(ary, "flags", None) is not None and ary.flags.f_contiguous \
         and not ary.flags.c_contiguous else "C"
-    return device_array(ary.shape, ary.dtype, order=order, stream=stream)
+    return device_array(ary.shape, ary.dtype, order=order, stream=stream, stable=stable)
 
 
-def to_device(ary, stream: StreamLike = 0) -> DeferrableArray:
-    """A new deferrable array holding a copy of the host array `ary`."""
-    return DeferrableArray.from_host(runtime(), ary, stream=stream or None)
+def to_device(ary, stream: StreamLike = 0,
+              stable: Optional[bool] = None) -> DeferrableArray:
+    """A new deferrable array holding a copy of the host array `ary`; `stable` as for
+    device_array."""
+    return DeferrableArray.from_host(runtime(), ary, stream=stream or None, stable=stable)
 
 
 def read_only(arr: DeferrableArray) -> ReadOnly:

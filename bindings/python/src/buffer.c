@@ -230,6 +230,15 @@ static PyObject *get_tier(PyObject *self, void *c) {
   return PyLong_FromLong((long)v);
 }
 
+static PyObject *get_is_stable(PyObject *self, void *c) {
+  spwpy_buffer_t *b = B(self);
+  if (!usable(b)) return NULL;
+  int v;
+  int st = spw_buf_is_stable(b->owner->rt, b->h, &v);
+  if (st != SPW_OK) return spwpy_raise(b->owner->rt, st);
+  return PyBool_FromLong(v);
+}
+
 static PyObject *get_lock_count(PyObject *self, void *c) {
   spwpy_buffer_t *b = B(self);
   if (!usable(b)) return NULL;
@@ -303,6 +312,8 @@ static PyGetSetDef buffer_getset[] = {
     {"handle", get_handle, NULL, "The spw_buf_t handle.", NULL},
     {"state", get_state, NULL, "spw_state_t as an int (spillway.State).", NULL},
     {"tier", get_tier, NULL, "spw_tier_t as an int (spillway.Tier).", NULL},
+    {"is_stable", get_is_stable, NULL,
+     "True if every acquire gives the same device pointer for the buffer's life.", NULL},
     {"lock_count", get_lock_count, NULL, "Locks held on the buffer, all streams together.", NULL},
     {"closed", get_closed, NULL, "True once freed (or its runtime closed).", NULL},
     {"runtime", get_runtime, NULL, "The Runtime the buffer belongs to.", NULL},

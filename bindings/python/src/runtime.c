@@ -24,11 +24,11 @@
 /* The configuration keywords, in spw_config_t's order: Runtime(...) takes exactly these
  * (CONFIG_FIELDS), each by keyword, and each None or left out is "unset" (SPILLWAY_* or the
  * default). `trace` and `trace_max` are trace_path and trace_max_bytes; `ignore_env` is
- * the flag SPW_CONFIG_IGNORE_ENV. */
+ * the flag SPW_CONFIG_IGNORE_ENV; `stable_addresses` is a bool (OFF/ON) or None (DEFAULT). */
 #define SPWPY_CONFIG_FIELDS(X)                                                               \
   X(device) X(backend) X(device_limit) X(host_limit) X(disk_limit) X(spill_dir) X(io)        \
   X(high_watermark) X(low_watermark) X(log_level) X(host_device_bytes) X(ignore_env)         \
-  X(trace) X(trace_max)
+  X(trace) X(trace_max) X(stable_addresses)
 
 enum {
 #define SPWPY_CFG_INDEX(f) CFG_##f,
@@ -97,9 +97,25 @@ static int path_from(PyObject *v, const char *field, PyObject **keep, const char
   return *out ? 0 : -1;
 }
 
+/* A tri-state: None, True or False to `unset`, `on`, `off`. Only a bool is taken: a truthy
+ * object such as "off" or 0.0 would otherwise flip the setting silently. */
+static int tristate_from(PyObject *v, const char *field, int unset, int on, int off, int *out) {
+  if (v == Py_None) {
+    *out = unset;
+    return 0;
+  }
+  if (!PyBool_Check(v)) {
+    PyErr_Format(PyExc_TypeError, "%s must be a bool or None, not %R", field,
+                 (PyObject *)Py_TYPE(v));
+    return -1;
+  }
+  *out = v == Py_True ? on : off;
+  return 0;
+}
+
 static int config_from(PyObject *const v[CFG_N], spw_config_t *cfg, PyObject **keep_dir,
                        PyObject **keep_trace) {
-  int backend, io, log_level;
+  int backend, io, log_level, stable;
   unsigned long long device = 0;
   if (v[CFG_device] != Py_None &&
       spwpy_u64_from(v[CFG_device], "device", 0, SPW_ERR_CONFIG, &device) < 0)
@@ -120,8 +136,11 @@ static int config_from(PyObject *const v[CFG_N], spw_config_t *cfg, PyObject **k
       keyword_from(v[CFG_log_level], "log_level", spwpy_log_levels, &log_level) < 0 ||
       spwpy_size_from(v[CFG_host_device_bytes], "host_device_bytes", &cfg->host_device_bytes) < 0 ||
       path_from(v[CFG_trace], "trace", keep_trace, &cfg->trace_path) < 0 ||
-      spwpy_size_from(v[CFG_trace_max], "trace_max", &cfg->trace_max_bytes) < 0)
+      spwpy_size_from(v[CFG_trace_max], "trace_max", &cfg->trace_max_bytes) < 0 ||
+      tristate_from(v[CFG_stable_addresses], "stable_addresses", SPW_STABLE_DEFAULT,
+                    SPW_STABLE_ON, SPW_STABLE_OFF, &stable) < 0)
     return -1;
+  cfg->stable_addresses = (spw_stable_mode_t)stable;
   cfg->backend = (spw_backend_kind_t)backend;
   cfg->io = (spw_io_kind_t)io;
   cfg->log_level = (spw_log_level_t)log_level;
@@ -272,27 +291,45 @@ static int parse_stream_arg(PyObject *const *args, Py_ssize_t nargs, PyObject *k
 
 typedef struct alloc_args {
   size_t n;
+  unsigned flags;
   spw_buf_t h;
 } alloc_args_t;
 
 static int alloc_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
   alloc_args_t *a = ctx;
-  return spw_alloc(r->rt, a->n, s, &a->h);
+  return spw_alloc_ex(r->rt, a->n, s, a->flags, &a->h);
 }
 
+/* alloc(nbytes, stream=None, stable=None): `stable` None leaves the choice to the runtime's
+ * stable_addresses (flags 0); True or False overrides it for this buffer. */
 static PyObject *runtime_alloc(PyObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"nbytes", "stream", NULL};
+  static char *kwlist[] = {"nbytes", "stream", "stable", NULL};
   spwpy_runtime_t *r = R(self);
-  PyObject *nobj, *sobj = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|O", kwlist, &nobj, &sobj)) return NULL;
-  alloc_args_t a = {0, SPW_BUF_NULL};
-  spw_stream_t s;
-  if (spwpy_nbytes_from(nobj, "nbytes", &a.n) < 0 || spwpy_stream_from(sobj, &s) < 0)
+  PyObject *nobj, *sobj = Py_None, *stable_obj = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OO", kwlist, &nobj, &sobj, &stable_obj))
     return NULL;
+  alloc_args_t a = {0, 0, SPW_BUF_NULL};
+  spw_stream_t s;
+  int flags;
+  if (spwpy_nbytes_from(nobj, "nbytes", &a.n) < 0 || spwpy_stream_from(sobj, &s) < 0 ||
+      tristate_from(stable_obj, "stable", 0, (int)SPW_ALLOC_STABLE, (int)SPW_ALLOC_MOVABLE,
+                    &flags) < 0)
+    return NULL;
+  a.flags = (unsigned)flags;
   LIVE(r);
   int st = spwpy_on_stream(r, s, alloc_op, &a, 1);
   if (st != SPW_OK) return spwpy_raise(r->rt, st);
   return spwpy_buffer_new(r, a.h, a.n);
+}
+
+/* _stable_granularity() -> int: spw_stable_granularity (Runtime.stable_granularity). */
+static PyObject *runtime_stable_granularity(PyObject *self, PyObject *noargs) {
+  spwpy_runtime_t *r = R(self);
+  LIVE(r);
+  size_t g = 0;
+  int st = spw_stable_granularity(r->rt, &g);
+  if (st != SPW_OK) return spwpy_raise(r->rt, st);
+  return PyLong_FromSize_t(g);
 }
 
 static PyObject *stream_to_py(spw_stream_t s) {
@@ -725,6 +762,7 @@ static PyMethodDef runtime_methods[] = {
     {"last_error", runtime_last_error, METH_NOARGS, NULL},
     {"_async_error", runtime_async_error, METH_NOARGS, NULL},
     {"alloc", (PyCFunction)(void (*)(void))runtime_alloc, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"_stable_granularity", runtime_stable_granularity, METH_NOARGS, NULL},
     {"_create_stream", runtime_create_stream, METH_NOARGS, NULL},
     {"_destroy_stream", (PyCFunction)(void (*)(void))runtime_destroy_stream, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"register_stream", (PyCFunction)(void (*)(void))runtime_register_stream, METH_FASTCALL | METH_KEYWORDS, NULL},
