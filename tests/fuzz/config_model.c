@@ -14,6 +14,7 @@
 
 #include <limits.h>
 #include <math.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +30,7 @@ const char *const model_vars[MODEL_NVARS] = {
     [MV_LOW_WATERMARK] = "SPILLWAY_LOW_WATERMARK",
     [MV_LOG_LEVEL] = "SPILLWAY_LOG_LEVEL",
     [MV_HOST_DEVICE_BYTES] = "SPILLWAY_HOST_DEVICE_BYTES",
+    [MV_STABLE_ADDRESSES] = "SPILLWAY_STABLE_ADDRESSES",
     [MV_TMPDIR] = "TMPDIR",
 };
 
@@ -409,6 +411,22 @@ void model_resolve(const model_input_t *in, model_result_t *r) {
     int k = keyword(v, levels, 5);
     check(r, model_vars[MV_LOG_LEVEL], v, k >= 0 ? MODEL_OK : MODEL_BAD);
     if (k >= 0) e->log_level = (spw_log_level_t)(SPW_LOG_OFF + k);
+  }
+
+  /* address-stable buffers: a field past a caller's smaller struct_size counts as unset */
+  static const char *const stable_words[] = {"0", "1", "off", "on"};
+  const int stable_given =
+      c->struct_size >= offsetof(spw_config_t, stable_addresses) + sizeof c->stable_addresses;
+  const spw_stable_mode_t sm = stable_given ? c->stable_addresses : SPW_STABLE_DEFAULT;
+  e->stable_addresses = 0;
+  if (sm == SPW_STABLE_ON || sm == SPW_STABLE_OFF) {
+    e->stable_addresses = sm == SPW_STABLE_ON;
+  } else if (sm != SPW_STABLE_DEFAULT) {
+    check(r, "config.stable_addresses", NULL, MODEL_BAD);
+  } else if ((v = var(in, fl, MV_STABLE_ADDRESSES))) {
+    int k = keyword(v, stable_words, 4);
+    check(r, model_vars[MV_STABLE_ADDRESSES], v, k >= 0 ? MODEL_OK : MODEL_BAD);
+    if (k >= 0) e->stable_addresses = k % 2; /* "1" and "on" */
   }
 }
 

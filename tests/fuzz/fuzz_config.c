@@ -82,11 +82,12 @@ static void print_input(const input_t *in) {
   fprintf(stderr,
           "  cfg: struct_size=%zu device=%d backend=%d device_limit=%" PRIu64
           " host_limit=%" PRIu64 " disk_limit=%" PRIu64 " spill_dir=%s%.200s%s io=%d"
-          " high=%.17g low=%.17g log_level=%d host_device_bytes=%" PRIu64 " flags=%#x\n",
+          " high=%.17g low=%.17g log_level=%d host_device_bytes=%" PRIu64 " flags=%#x"
+          " stable_addresses=%d\n",
           c->struct_size, c->device, (int)c->backend, c->device_limit, c->host_limit,
           c->disk_limit, c->spill_dir ? "'" : "", c->spill_dir ? c->spill_dir : "NULL",
           c->spill_dir ? "'" : "", (int)c->io, c->high_watermark, c->low_watermark,
-          (int)c->log_level, c->host_device_bytes, c->flags);
+          (int)c->log_level, c->host_device_bytes, c->flags, (int)c->stable_addresses);
   for (int k = 0; k < in->nsizes; k++) fprintf(stderr, "  size='%.200s'\n", in->sizes[k]);
 }
 
@@ -139,6 +140,8 @@ static void set_field(input_t *in, const char *field, const char *v) {
   else if (!strcmp(field, "low_watermark")) c->low_watermark = strtod(v, NULL);
   else if (!strcmp(field, "log_level")) c->log_level = (spw_log_level_t)strtoll(v, NULL, 0);
   else if (!strcmp(field, "host_device_bytes")) c->host_device_bytes = strtoull(v, NULL, 0);
+  else if (!strcmp(field, "stable_addresses"))
+    c->stable_addresses = (spw_stable_mode_t)strtoll(v, NULL, 0);
   else if (!strcmp(field, "flags")) c->flags = (unsigned)strtoull(v, NULL, 0);
   else if (!strcmp(field, "struct_size")) c->struct_size = (size_t)strtoull(v, NULL, 0);
 }
@@ -363,6 +366,8 @@ static void check_settings(const model_result_t *m, const spw_settings_t *s) {
   FIELD(close_to(s->low_watermark, e->low_watermark), "low_watermark", "%.17g",
         s->low_watermark, e->low_watermark);
   FIELD(s->log_level == e->log_level, "log_level", "%d", (int)s->log_level, (int)e->log_level);
+  FIELD(s->stable_addresses == e->stable_addresses, "stable_addresses", "%d", s->stable_addresses,
+        e->stable_addresses);
 #undef FIELD
 }
 
