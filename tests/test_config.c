@@ -5,6 +5,7 @@
  * watermark ordering. Each test starts from an environment with no SPILLWAY_* variable. */
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <unistd.h>
 
 #include "config.h"
@@ -527,6 +528,26 @@ static void struct_ending_at_flags_is_accepted(void) {
   ASSERT_EQ(s.device, 2);
 }
 
+/* Found by fuzz_config: struct_size 113 copied one byte of stable_addresses (7) and refused
+ * the config for a value the caller never gave. A cut pointer would be worse. */
+static void field_cut_by_struct_size_counts_as_unset(void) {
+  spw_config_t c = SPW_CONFIG_INIT;
+  c.stable_addresses = (spw_stable_mode_t)7;
+  c.trace_path = (const char *)(uintptr_t)0xDEADBEEFCAFEull;
+  c.trace_max_bytes = 12345;
+  c.struct_size = offsetof(spw_config_t, trace_path) + 1;
+  c.flags = SPW_CONFIG_IGNORE_ENV;
+  spw_settings_t s;
+  ASSERT_OK(resolve(&c, &s));
+  ASSERT_EQ(s.trace_path[0], 0);
+  ASSERT_EQ(s.stable_addresses, 0);
+  c.trace_path = NULL;
+  c.struct_size = offsetof(spw_config_t, stable_addresses) + 1;
+  ASSERT_OK(resolve(&c, &s));
+  ASSERT_UEQ(s.trace_max, 12345);
+  ASSERT_EQ(s.stable_addresses, 0);
+}
+
 static void larger_future_struct_is_accepted(void) {
   struct {
     spw_config_t c;
@@ -690,6 +711,7 @@ static const spw_test_t tests[] = {
     TEST(ignore_env_uses_only_struct_and_defaults),
     TEST(struct_size_too_small_is_invalid_arg),
     TEST(struct_ending_at_flags_is_accepted),
+    TEST(field_cut_by_struct_size_counts_as_unset),
     TEST(larger_future_struct_is_accepted),
     TEST(unknown_flags_are_invalid_arg),
     TEST(bad_struct_fields_are_named),

@@ -11,6 +11,7 @@
 #include "config.h"
 
 #include <limits.h>
+#include <stddef.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -542,6 +543,16 @@ int spw__config_resolve(const spw_config_t *cfg, spw_settings_t *out, char *err,
                   cfg->struct_size, need);
     /* A newer, larger struct: read the fields this version knows. */
     memcpy(&c, cfg, cfg->struct_size < sizeof c ? cfg->struct_size : sizeof c);
+    /* A field that struct_size cuts through is not the caller's (no real struct ends inside
+     * one): unset, rather than a value mixed from two sources, or a pointer half copied.
+     * The fields up to flags are always whole (checked above). */
+    const spw_config_t init = SPW_CONFIG_INIT;
+#define SPW_WHOLE_FIELD(f)                                                                   \
+  if (cfg->struct_size < offsetof(spw_config_t, f) + sizeof c.f) c.f = init.f
+    SPW_WHOLE_FIELD(trace_path);
+    SPW_WHOLE_FIELD(trace_max_bytes);
+    SPW_WHOLE_FIELD(stable_addresses);
+#undef SPW_WHOLE_FIELD
     if (c.flags & ~SPW_CONFIG_IGNORE_ENV)
       return fail(SPW_ERR_INVALID_ARG, err, errlen, "config.flags=0x%x: unknown flag bits",
                   c.flags);
