@@ -64,12 +64,19 @@ static void await_state(spw_runtime_t *rt, spw_buf_t b, spw_state_t st) {
   ASSERT_EQ(state_of(rt, b), st);
 }
 
+/* Closes the gate on one of the engine's streams (spw__d2h: the download lane's copies,
+ * spw__h2d: the upload lane's) and returns once the stream waits at it: what a lane enqueues
+ * there from now on waits until gate_open. */
+static void hold_stream(fixture_t *f, gate_t *g, spw_stream_t lane) {
+  gate_init(g);
+  ASSERT_OK(f->rt->ops->launch_host_func(f->rt->be, lane, gate_wait, g));
+  gate_await_entered(g);
+}
+
 /* Holds the upload lane: prefetches b, whose copy waits behind the gate on the upload
  * stream, and returns once the lane has taken it. */
 static void hold_upload_lane(fixture_t *f, gate_t *g, spw_buf_t b) {
-  gate_init(g);
-  ASSERT_OK(f->rt->ops->launch_host_func(f->rt->be, spw__h2d(f->rt), gate_wait, g));
-  gate_await_entered(g);
+  hold_stream(f, g, spw__h2d(f->rt));
   ASSERT_OK(spw_prefetch(f->rt, b, f->s));
   await_state(f->rt, b, SPW_STATE_UNSPILLING);
 }
@@ -126,13 +133,11 @@ static void repeated_spill_hints_spill_once(void) {
   fixture_t f = fixture_on_host();
   ASSERT_OK(spw_acquire(f.rt, f.b[1], f.s, 0, &(void *){NULL}));
   ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
-  gate_t g;
-  gate_init(&g);
   /* Holds the download lane: the spill of b[2] waits behind the gate. */
   ASSERT_OK(spw_acquire(f.rt, f.b[2], f.s, 0, &(void *){NULL}));
   ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
-  ASSERT_OK(f.rt->ops->launch_host_func(f.rt->be, spw__d2h(f.rt), gate_wait, &g));
-  gate_await_entered(&g);
+  gate_t g;
+  hold_stream(&f, &g, spw__d2h(f.rt));
   ASSERT_OK(spw_spill(f.rt, f.b[2], SPW_TIER_HOST));
   await_state(f.rt, f.b[2], SPW_STATE_SPILLING);
   const spw_stats_t before = stats_of(f.rt);
@@ -151,19 +156,15 @@ static void repeated_spill_hints_spill_once(void) {
   fixture_close(&f);
 }
 
-/* The newest wish wins: a spill queued behind a busy lane, then a prefetch of the same
- * buffer, and the buffer stays on the device. */
-/* A spill to disk of b[1] queued behind the busy download lane, then a prefetch of it, in
- * one of two forms. */
+/* The newest wish wins: a spill to disk of b[1] queued behind the busy download lane, then
+ * a prefetch of it (in one of two forms), and b[1] stays on the device. */
 static void newer_prefetch_replaces_a_queued_spill(int (*prefetch)(fixture_t *, spw_buf_t)) {
   fixture_t f = fixture_on_host();
   ASSERT_OK(spw_acquire(f.rt, f.b[1], f.s, 0, &(void *){NULL}));
   ASSERT_OK(spw_acquire(f.rt, f.b[2], f.s, 0, &(void *){NULL}));
   ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
   gate_t g;
-  gate_init(&g);
-  ASSERT_OK(f.rt->ops->launch_host_func(f.rt->be, spw__d2h(f.rt), gate_wait, &g));
-  gate_await_entered(&g);
+  hold_stream(&f, &g, spw__d2h(f.rt));
   ASSERT_OK(spw_spill(f.rt, f.b[2], SPW_TIER_HOST)); /* holds the download lane */
   await_state(f.rt, f.b[2], SPW_STATE_SPILLING);
   const spw_stats_t before = stats_of(f.rt);
@@ -203,9 +204,7 @@ static void lane_passes_b1_then(void (*meanwhile)(fixture_t *)) {
   ASSERT_OK(spw_acquire(f.rt, f.b[1], f.s, 0, &(void *){NULL}));
   ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
   gate_t g;
-  gate_init(&g);
-  ASSERT_OK(f.rt->ops->launch_host_func(f.rt->be, spw__h2d(f.rt), gate_wait, &g));
-  gate_await_entered(&g);
+  hold_stream(&f, &g, spw__h2d(f.rt));
   const spw_buf_t two[2] = {f.b[0], f.b[1]};
   ASSERT_OK(spw_prefetch_n(f.rt, two, 2, f.s));
   await_state(f.rt, f.b[0], SPW_STATE_UNSPILLING); /* the lane took both, and waits */
