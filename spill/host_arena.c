@@ -47,6 +47,7 @@ typedef struct slab {
   size_t in_use;
   size_t extents;     /* live extents */
   int dedicated;      /* mapped for one request larger than slab_bytes */
+  int borrowed;       /* someone else's memory (spw__arena_create_borrowed): never unmapped */
   free_range_t *free; /* sorted by off, coalesced */
   size_t nfree, cap;  /* cap >= extents + 1 */
 } slab_t;
@@ -63,6 +64,7 @@ struct spw_host_arena {
   uint32_t nslots;
   uint64_t in_use, mapped, nslabs;
   uint64_t growing; /* bytes of a slab being mapped ahead, outside the mutex */
+  int borrowed;     /* one borrowed slab, no growth (spw__arena_create_borrowed) */
 };
 
 static size_t round_up(size_t v, size_t to) { return (v + to - 1) / to * to; }
@@ -92,14 +94,48 @@ int spw__arena_create(const spw_backend_ops_t *ops, spw_backend_t *b, uint64_t l
   return SPW_OK;
 }
 
+int spw__arena_create_borrowed(void *base, size_t bytes, spw_host_arena_t **out) {
+  if (!base || bytes < SPW_ARENA_ALIGN || (uintptr_t)base % SPW_ARENA_ALIGN || !out)
+    return SPW_ERR_INVALID_ARG;
+  bytes -= bytes % SPW_ARENA_ALIGN;
+  spw_host_arena_t *a = calloc(1, sizeof *a);
+  slab_t *s = calloc(1, sizeof *s);
+  free_range_t *f = malloc(INITIAL_RANGES * sizeof *f);
+  slab_t **slots = calloc(1, sizeof *slots);
+  if (!a || !s || !f || !slots || pthread_mutex_init(&a->mu, NULL) != 0) {
+    free(a);
+    free(s);
+    free(f);
+    free(slots);
+    return SPW_ERR_SYSTEM;
+  }
+  pthread_cond_init(&a->grown, NULL);
+  *s = (slab_t){.base = base, .bytes = bytes, .borrowed = 1, .free = f,
+                .cap = INITIAL_RANGES, .nfree = 1};
+  f[0] = (free_range_t){0, bytes};
+  slots[0] = s;
+  a->slots = slots;
+  a->nslots = 1;
+  a->mapped = bytes;
+  a->nslabs = 1;
+  a->limit = bytes;
+  a->slab_bytes = bytes;
+  a->page = SPW_ARENA_ALIGN;
+  a->borrowed = 1;
+  *out = a;
+  return SPW_OK;
+}
+
 /* Unregisters, unmaps and forgets slot i. Called with the mutex held. */
 static void release_slab(spw_host_arena_t *a, uint32_t i) {
   slab_t *s = a->slots[i];
   /* An unregister failure cannot be reported from here (free and destroy cannot fail);
    * unmapping anyway at worst leaves the pages pinned by the driver until exit, which is
    * better than keeping an unusable slab counted against the limit. */
-  (void)a->ops->host_unregister(a->b, s->base);
-  munmap(s->base, s->bytes);
+  if (!s->borrowed) {
+    (void)a->ops->host_unregister(a->b, s->base);
+    munmap(s->base, s->bytes);
+  }
   a->mapped -= s->bytes;
   a->nslabs--;
   free(s->free);
@@ -233,6 +269,7 @@ static uint64_t room_left(const spw_host_arena_t *a) {
 /* Maps, populates and registers a slab for a request of `need` bytes (already rounded) into
  * a free slot. Called with the mutex held. */
 static int add_slab(spw_host_arena_t *a, size_t need, uint32_t *slot) {
+  if (a->borrowed) return SPW_ERR_HOST_OUT_OF_MEMORY;
   int dedicated = need > a->slab_bytes;
   size_t size = a->slab_bytes;
   if (dedicated) {
@@ -263,6 +300,7 @@ static int add_slab(spw_host_arena_t *a, size_t need, uint32_t *slot) {
 }
 
 int spw__arena_grow_ahead(spw_host_arena_t *a) {
+  if (a->borrowed) return 0;
   pthread_mutex_lock(&a->mu);
   uint64_t free_bytes = a->mapped - a->in_use;
   size_t size = a->slab_bytes;
@@ -327,6 +365,7 @@ static int alloc_locked(spw_host_arena_t *a, size_t bytes, spw_host_extent_t *ou
   out->ptr = s->base + off;
   out->bytes = need;
   out->slab = slot;
+  out->peer = (uint32_t)a->borrowed;
   return SPW_OK;
 }
 

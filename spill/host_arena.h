@@ -30,6 +30,7 @@ typedef struct spw_host_extent {
   void *ptr;     /* NULL when the extent is empty */
   size_t bytes;  /* rounded up to SPW_ARENA_ALIGN */
   uint32_t slab; /* index of the owning slab (internal) */
+  uint32_t peer; /* 1: in memory another GPU lent (a borrowed arena, the peer tier) */
 } spw_host_extent_t;
 
 typedef struct spw_arena_stats {
@@ -43,6 +44,11 @@ typedef struct spw_arena_stats {
  * The arena calls ops->host_register / host_unregister on b for each slab. */
 int spw__arena_create(const spw_backend_ops_t *ops, spw_backend_t *b, uint64_t limit,
                       size_t slab_bytes, spw_host_arena_t **out);
+/* An arena over memory someone else owns: [base, base + bytes), 4096-aligned, already usable
+ * by the copies (a peer GPU's memory lent to this runtime, the peer tier). It never grows,
+ * maps, registers or unmaps anything; its extents are marked `peer`. Destroy it only once
+ * every extent has come back (its in_use is 0) and before the memory goes. */
+int spw__arena_create_borrowed(void *base, size_t bytes, spw_host_arena_t **out);
 /* Unregisters and unmaps every slab, whether or not extents are still out. */
 void spw__arena_destroy(spw_host_arena_t *a);
 

@@ -409,7 +409,7 @@ static void bad_frees_are_ignored(void) {
   spw_host_extent_t x, y;
   ASSERT_OK(spw__arena_alloc(a, 8 * KiB, &x));
   ASSERT_OK(spw__arena_alloc(a, 8 * KiB, &y));
-  spw_host_extent_t copy = x, empty = {NULL, 0, 0};
+  spw_host_extent_t copy = x, empty = {0};
   spw__arena_free(a, &x);
   spw_arena_stats_t before = stats(a);
   spw__arena_free(a, &copy); /* freed twice through a copy */

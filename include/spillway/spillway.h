@@ -141,6 +141,7 @@ typedef enum spw_tier {
   SPW_TIER_DEVICE = 0,
   SPW_TIER_HOST = 1, /* pinned host memory */
   SPW_TIER_DISK = 2, /* the runtime's private spill file */
+  SPW_TIER_PEER = 3, /* another GPU's memory lent to this runtime (spw_peer_lend) */
 } spw_tier_t;
 
 typedef enum spw_state {
@@ -150,6 +151,9 @@ typedef enum spw_state {
   SPW_STATE_DEMOTING = 4,   /* being written host -> disk; the host copy is still valid */
   SPW_STATE_DISK = 5,       /* in the spill file (tier DISK) */
   SPW_STATE_UNSPILLING = 6, /* being brought back to the device (from host or disk) */
+  SPW_STATE_PEER = 7,       /* in another GPU's memory lent to this runtime (tier PEER): a
+                               HOST buffer whose copy is there; everything said of HOST
+                               holds for it */
 } spw_state_t;
 
 /* ---------------------------------------------------------------------------------------
@@ -225,8 +229,10 @@ SPW_API int spw_parse_size(const char *text, uint64_t *bytes);
 
 /* Destroys a runtime: waits for the spill engine, frees every buffer in every tier, closes
  * the spill file (its contents vanish) and destroys the streams the runtime created.
- * If any buffer is still locked it returns SPW_ERR_BUSY and destroys nothing: synchronize
- * (or release) the streams first. No other call on `rt` may run concurrently or follow.
+ * Memory it lends is taken back first (spw_peer_reclaim, for each borrower); memory it
+ * borrows goes back to its lender. If any buffer is still locked, or lent memory cannot be
+ * taken back (that error is returned), it destroys nothing: synchronize (or release) the
+ * streams first. No other call on `rt` may run concurrently or follow.
  * NULL is accepted and does nothing. */
 SPW_API int spw_runtime_destroy(spw_runtime_t *rt);
 
@@ -459,6 +465,42 @@ SPW_API int spw_prefetch_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
 SPW_API int spw_wait_idle(spw_runtime_t *rt);
 
 /* ---------------------------------------------------------------------------------------
+ * Several GPUs: the peer tier
+ *
+ * A runtime serves one device (spw_config_t.device); a process may create one per device.
+ * A runtime may lend part of its device memory to another as that one's peer tier: the
+ * borrower then spills there first (over NVLink where the devices have it, 7x the host
+ * link on an H200 pair), falls back to host memory when the lent memory is full, and brings
+ * buffers back from there as from host. The lender counts what it lends against its own
+ * device limit and takes it back when its own work needs the room: the borrower's buffers
+ * in it move on to host memory (or to disk when host memory is full) first, so no byte is
+ * lost. Buffers in lent memory are in state SPW_STATE_PEER and tier SPW_TIER_PEER;
+ * controller events name that state.
+ * ------------------------------------------------------------------------------------- */
+
+/* Lends `bytes` of `lender`'s device memory to `borrower` as its peer tier. The memory is
+ * reserved from the lender's device limit (spilling the lender's unlocked buffers if needed)
+ * and allocated at once. The two runtimes may serve the same device (useful for tests; no
+ * faster than host memory there). A borrower has at most one lender at a time; a lender may
+ * lend to several borrowers. Thread-safe. Errors: SPW_ERR_INVALID_ARG (NULL, the same
+ * runtime twice, bytes < 1 MiB or more than the lender's limit, backends of different
+ * kinds), SPW_ERR_BUSY (the borrower already has a peer tier, or the lender borrows from
+ * the borrower), SPW_ERR_UNSUPPORTED (the borrower's device cannot access the lender's:
+ * no peer access; spills then keep going to host), SPW_ERR_OUT_OF_MEMORY (the lender has
+ * no such room), SPW_ERR_CUDA. */
+SPW_API int spw_peer_lend(spw_runtime_t *lender, spw_runtime_t *borrower, uint64_t bytes);
+
+/* Takes back what `lender` lent to `borrower`: no new spill goes there, every buffer in it
+ * moves on to the borrower's host memory (or its disk when host memory is full), then the
+ * memory goes back to the lender's budget. Blocks until done. The lender does the same by
+ * itself, for every borrower, when a reservation of its own finds nothing left to spill.
+ * Thread-safe. Errors: SPW_ERR_INVALID_ARG (NULL, or nothing lent to that borrower), the
+ * borrower's SPW_ERR_HOST_OUT_OF_MEMORY / SPW_ERR_DISK_FULL / SPW_ERR_IO when buffers could
+ * not move on (the memory then stays lent and the buffers stay in it, intact: call again
+ * once room is made), SPW_ERR_WOULD_DEADLOCK from inside a controller callback. */
+SPW_API int spw_peer_reclaim(spw_runtime_t *lender, spw_runtime_t *borrower);
+
+/* ---------------------------------------------------------------------------------------
  * Statistics
  * ------------------------------------------------------------------------------------- */
 typedef struct spw_stats {
@@ -491,6 +533,16 @@ typedef struct spw_stats {
   uint64_t hints_pending;          /* buffers with a pending hint now */
   uint64_t prefetch_dropped;       /* prefetched buffers left where they were: no room that
                                       would stay (see spw_prefetch) */
+  /* The peer tier (spw_peer_lend). Peer moves are also counted in spills / unspills. */
+  uint64_t peer_bytes;             /* bytes of buffers whose authoritative copy is in lent
+                                      peer memory (not in host_bytes) */
+  uint64_t peer_limit;             /* bytes another runtime lends this one now (0: none) */
+  uint64_t peer_spills, peer_spill_bytes;     /* device -> peer */
+  uint64_t peer_unspills, peer_unspill_bytes; /* peer -> device */
+  uint64_t peer_returns, peer_return_bytes;   /* peer -> host or disk: the lender took its
+                                                 memory back */
+  uint64_t lent_bytes;             /* this runtime's device memory lent to others now (part
+                                      of its device limit) */
 } spw_stats_t;
 
 /* Fills `out` (set out->struct_size first; fields past it are not written). */

@@ -71,12 +71,23 @@ int spw_buf_size(spw_runtime_t *rt, spw_buf_t buf, size_t *out) {
   return st;
 }
 
+/* Whether the buffer's host placement is in lent peer memory; the slot mutex makes it a
+ * consistent read (a mover changes the placement only under it, at its commit). */
+static int in_peer_memory(spw_slot_t *s) {
+  pthread_mutex_lock(&s->mu);
+  int peer = s->host.ptr && s->host.peer;
+  pthread_mutex_unlock(&s->mu);
+  return peer;
+}
+
 int spw_buf_state(spw_runtime_t *rt, spw_buf_t buf, spw_state_t *out) {
   spw_slot_t *s;
   uint64_t w;
   int st = live_word(rt, buf, out, &s, &w);
-  if (st == SPW_OK) *out = (spw_state_t)spw__w_state(w);
-  return st;
+  if (st != SPW_OK) return st;
+  *out = (spw_state_t)spw__w_state(w);
+  if (*out == SPW_STATE_HOST && in_peer_memory(s)) *out = SPW_STATE_PEER;
+  return SPW_OK;
 }
 
 int spw_buf_tier(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t *out) {
@@ -86,12 +97,12 @@ int spw_buf_tier(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t *out) {
   if (st != SPW_OK) return st;
   switch (spw__w_state(w)) {
   case SPW_STATE_HOST:
-  case SPW_STATE_DEMOTING: *out = SPW_TIER_HOST; break;
+  case SPW_STATE_DEMOTING: *out = in_peer_memory(s) ? SPW_TIER_PEER : SPW_TIER_HOST; break;
   case SPW_STATE_DISK: *out = SPW_TIER_DISK; break;
   case SPW_STATE_UNSPILLING: {
     /* Where it comes from: the slot mutex makes the placement a consistent read. */
     pthread_mutex_lock(&s->mu);
-    *out = s->host.ptr ? SPW_TIER_HOST : SPW_TIER_DISK;
+    *out = !s->host.ptr ? SPW_TIER_DISK : s->host.peer ? SPW_TIER_PEER : SPW_TIER_HOST;
     pthread_mutex_unlock(&s->mu);
     break;
   }

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The runtime's public calls: creation from a config, destruction, and the queries. */
 #include "api.h"
+#include "peer.h"
 #include "completions.h"
 
 int spw_runtime_create(const spw_config_t *config, spw_runtime_t **out) {
@@ -34,6 +35,9 @@ int spw_runtime_destroy(spw_runtime_t *rt) {
     spw__set_error(rt, SPW_ERR_BUSY, "buffers are still locked: synchronize their streams first");
     return SPW_ERR_BUSY;
   }
+  /* What it lends first: the borrowers' buffers in that memory move on to their host tiers. */
+  int st = spw__peer_take_back_all(rt);
+  if (st != SPW_OK) return st;
   spw__runtime_close(rt);
   return SPW_OK;
 }

@@ -7,6 +7,7 @@
 #include "api.h"
 #include "budget.h"
 #include "jobs.h"
+#include "peer.h"
 
 #define LOAD(x) atomic_load_explicit(&(x), memory_order_relaxed)
 
@@ -48,6 +49,15 @@ int spw_get_stats(spw_runtime_t *rt, spw_stats_t *out) {
   s.hints_replaced = LOAD(rt->c.hints_replaced);
   s.hints_pending = spw__jobs_pending(rt);
   s.prefetch_dropped = LOAD(rt->c.prefetch_dropped);
+  s.peer_bytes = LOAD(rt->c.peer_bytes);
+  s.peer_limit = spw__peer_limit(rt);
+  s.peer_spills = LOAD(rt->c.peer_spills);
+  s.peer_spill_bytes = LOAD(rt->c.peer_spill_bytes);
+  s.peer_unspills = LOAD(rt->c.peer_unspills);
+  s.peer_unspill_bytes = LOAD(rt->c.peer_unspill_bytes);
+  s.peer_returns = LOAD(rt->c.peer_returns);
+  s.peer_return_bytes = LOAD(rt->c.peer_return_bytes);
+  s.lent_bytes = LOAD(rt->lent_bytes);
   size_t n = out->struct_size < sizeof s ? out->struct_size : sizeof s;
   memcpy(out, &s, n);
   out->struct_size = n;

@@ -119,6 +119,18 @@ typedef struct spw_backend_ops {
                        spw_dim3_t block, size_t shared_bytes, void **args, const size_t *sizes,
                        size_t nargs);
 
+  /* The peer tier (core/peer.h): memory of this device that another runtime's device
+   * reads and writes through unified addresses.
+   *  - peer_access: lets this backend's device reach `peer_device`'s memory (kernels and
+   *    copies; cudaDeviceEnablePeerAccess, once); SPW_OK for its own device (and always on
+   *    host), SPW_ERR_UNSUPPORTED when the two devices have no peer access;
+   *  - peer_alloc / peer_free: memory of this device another device may reach once its
+   *    peer access is on (cudaMalloc / cudaFree, synchronous: memory from a stream-ordered
+   *    pool is reachable by a peer only with the pool's own access setting). */
+  int (*peer_access)(spw_backend_t *b, int peer_device);
+  int (*peer_alloc)(spw_backend_t *b, size_t bytes, void **out);
+  int (*peer_free)(spw_backend_t *b, void *ptr);
+
   /* Address-stable memory (CUDA virtual memory management; host: an emulation of the same
    * contract). An address range is reserved with no memory behind it; physical chunks are
    * created apart and mapped into it, read-write for the device, and unmapped again, so

@@ -172,6 +172,42 @@ static int vm_enter(spw_cuda_backend_t *cb) {
   return r == CUDA_SUCCESS ? SPW_OK : drv_fail(cb, "cuCtxSetCurrent", r);
 }
 
+/* ---- the peer tier ------------------------------------------------------------------------ */
+
+static int cuda_peer_access(spw_backend_t *b, int peer_device) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  if (peer_device == cb->device) return SPW_OK;
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  int can = 0;
+  s = check(cb, cudaDeviceCanAccessPeer(&can, cb->device, peer_device));
+  if (s != SPW_OK) return s;
+  if (!can) return SPW_ERR_UNSUPPORTED;
+  cudaError_t e = cudaDeviceEnablePeerAccess(peer_device, 0);
+  if (e == cudaErrorPeerAccessAlreadyEnabled) {
+    (void)cudaGetLastError(); /* not an error here: another runtime of this device did it */
+    return SPW_OK;
+  }
+  return check(cb, e);
+}
+
+static int cuda_peer_alloc(spw_backend_t *b, size_t bytes, void **out) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, bytes);
+  if (e != cudaSuccess) return fail(cb, e);
+  *out = p;
+  return SPW_OK;
+}
+
+static int cuda_peer_free(spw_backend_t *b, void *ptr) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  return s == SPW_OK ? check(cb, cudaFree(ptr)) : s;
+}
+
 static int cuda_vm_granularity(spw_backend_t *b, size_t *out) {
   spw_cuda_backend_t *cb = cb_of(b);
   if (cb->vm_status != SPW_OK) return cb->vm_status;
@@ -599,6 +635,9 @@ const spw_backend_ops_t spw__backend_cuda_ops = {
     .host_unregister = cuda_host_unregister,
     .launch_host_func = cuda_launch_host_func,
     .launch_kernel = cuda_launch_kernel,
+    .peer_access = cuda_peer_access,
+    .peer_alloc = cuda_peer_alloc,
+    .peer_free = cuda_peer_free,
     .vm_granularity = cuda_vm_granularity,
     .vm_reserve = cuda_vm_reserve,
     .vm_free = cuda_vm_free,

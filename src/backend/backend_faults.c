@@ -160,6 +160,15 @@ static int sh_chunk_unmap(spw_backend_t *b, void *va, size_t n) {
   return SHIM(b)->ops->chunk_unmap(INNER(b), va, n);
 }
 
+static int sh_peer_access(spw_backend_t *b, int dev) {
+  return SHIM(b)->ops->peer_access(INNER(b), dev);
+}
+static int sh_peer_alloc(spw_backend_t *b, size_t n, void **out) {
+  FAIL_IF(SPW_FAULT_ALLOC, NULL, SPW_ERR_OUT_OF_MEMORY);
+  return SHIM(b)->ops->peer_alloc(INNER(b), n, out);
+}
+static int sh_peer_free(spw_backend_t *b, void *p) { return SHIM(b)->ops->peer_free(INNER(b), p); }
+
 static const spw_backend_ops_t shim_ops = {
     .name = "faults",
     .create = sh_create,
@@ -191,6 +200,9 @@ static const spw_backend_ops_t shim_ops = {
     .chunk_release = sh_chunk_release,
     .chunk_map = sh_chunk_map,
     .chunk_unmap = sh_chunk_unmap,
+    .peer_access = sh_peer_access,
+    .peer_alloc = sh_peer_alloc,
+    .peer_free = sh_peer_free,
 };
 
 int spw__faults_wrap(const spw_backend_ops_t *inner_ops, spw_backend_t *inner,

@@ -725,6 +725,24 @@ static int host_launch_kernel(spw_backend_t *b, spw_stream_t s, const void *func
 
 /* ---- address-stable memory ---------------------------------------------------------------- */
 
+/* ---- the peer tier: every emulated device is in this process's memory ----------------- */
+
+static int host_peer_access(spw_backend_t *b, int peer_device) {
+  (void)b;
+  (void)peer_device;
+  return SPW_OK;
+}
+
+static int host_peer_alloc(spw_backend_t *b, size_t bytes, void **out) {
+  return host_alloc_async(b, bytes, to_handle(b->default_stream), out);
+}
+
+static int host_peer_free(spw_backend_t *b, void *ptr) {
+  spw_stream_t s = to_handle(b->default_stream);
+  int st = host_free_async(b, ptr, s);
+  return st == SPW_OK ? host_stream_sync(b, s) : st;
+}
+
 static int host_vm_granularity(spw_backend_t *b, size_t *out) {
   (void)b;
   *out = HOST_VM_GRANULE;
@@ -835,6 +853,9 @@ const spw_backend_ops_t spw__backend_host_ops = {
     .host_unregister = host_host_unregister,
     .launch_host_func = host_launch_host_func,
     .launch_kernel = host_launch_kernel,
+    .peer_access = host_peer_access,
+    .peer_alloc = host_peer_alloc,
+    .peer_free = host_peer_free,
     .vm_granularity = host_vm_granularity,
     .vm_reserve = host_vm_reserve,
     .vm_free = host_vm_free,

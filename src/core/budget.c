@@ -9,6 +9,7 @@
  *    error, with the device figures, so the caller learns where the bytes could not go;
  *  - locks handed to spw_stream_release_async are still pending: it waits for them, once,
  *    up to 2 s (the caller itself may hold a stream back, so not for ever);
+ *  - it lends memory to other runtimes (the peer tier): it takes that back;
  *  - the locked bytes plus the request exceed the limit: SPW_ERR_OUT_OF_MEMORY, the one
  *    case where no amount of waiting or spilling could help;
  *  - otherwise room is on its way (a free, a prefetch landing, a buffer whose slot mutex
@@ -21,6 +22,7 @@
 
 #include "clock.h"
 #include "moves.h"
+#include "peer.h"
 #include "runtime.h"
 
 /* How long an allocation that finds everything locked waits for pending async releases. */
@@ -159,6 +161,12 @@ int spw__budget_reserve(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
       continue;
     }
     uint64_t locked = spw__locked_device_bytes(rt);
+    /* Memory lent to other runtimes is this one's to take back (their buffers in it move on
+     * to their host tiers) before its own work fails: not from a callback, which must not
+     * wait on the borrowers' moves. */
+    if (locked + bytes <= b->limit && atomic_load(&rt->lent_bytes) > 0 && !spw__in_callback(rt) &&
+        spw__peer_take_back(rt) > 0)
+      continue;
     if (locked + bytes > b->limit) return out_of_memory(rt, used, locked, bytes, "");
     if (own > 0) return SPW_ERR_NOT_READY; /* the room is the caller's own: it goes first */
     uint64_t now = spw__now_ns();

@@ -19,7 +19,9 @@ static const move_row_t moves[SPW_MOVE_KINDS_] = {
     [SPW_MOVE_UNSPILL] = {SPW_STATE_HOST, SPW_STATE_UNSPILLING, SPW_STATE_RESIDENT},
     [SPW_MOVE_READ] = {SPW_STATE_DISK, SPW_STATE_UNSPILLING, SPW_STATE_RESIDENT},
     [SPW_MOVE_DEMOTE] = {SPW_STATE_HOST, SPW_STATE_DEMOTING, SPW_STATE_DISK},
+    [SPW_MOVE_RETURN] = {SPW_STATE_HOST, SPW_STATE_DEMOTING, SPW_STATE_HOST},
 };
+
 
 #ifndef NDEBUG
 /* The legal state changes, from row to column (states 0 = unused .. 6); a flag or count
@@ -83,6 +85,21 @@ static void account(spw_runtime_t *rt, uint32_t from, uint32_t to, uint64_t size
   if (b) atomic_fetch_add_explicit(b, size, memory_order_relaxed);
 }
 
+/* A HOST buffer whose extent is in lent peer memory counts in peer_bytes, not host_bytes:
+ * after account() has counted it by state, `was` and `is` say whether its bytes were and
+ * are in peer memory. */
+static void account_peer(spw_runtime_t *rt, int was, int is, uint64_t size) {
+  if (was == is) return;
+  _Atomic uint64_t *from = was ? &rt->c.peer_bytes : &rt->c.host_bytes;
+  _Atomic uint64_t *to = was ? &rt->c.host_bytes : &rt->c.peer_bytes;
+  atomic_fetch_sub_explicit(from, size, memory_order_relaxed);
+  atomic_fetch_add_explicit(to, size, memory_order_relaxed);
+}
+
+static int on_peer(uint32_t state, const spw_host_extent_t *e) {
+  return (state == SPW_STATE_HOST || state == SPW_STATE_DEMOTING) && e->ptr && e->peer;
+}
+
 /* ---- releasing placements -------------------------------------------------------------- */
 
 uint64_t spw__place_release(spw_runtime_t *rt, spw_place_t *p, size_t size, spw_bevent_t *after) {
@@ -93,7 +110,7 @@ uint64_t spw__place_release(spw_runtime_t *rt, spw_place_t *p, size_t size, spw_
   }
   if (p->host.ptr) {
     if (after) spw__host_extent_free_after_event(rt, &p->host, after);
-    else spw__arena_free(rt->arena, &p->host);
+    else spw__host_extent_free(rt, &p->host);
   }
   /* A sweep of freed disk space is the down lane's background work, off this path. */
   if (p->disk.bytes && spw__disk_free(rt->disk, &p->disk)) spw__engine_kick(rt->engine);
@@ -103,7 +120,7 @@ uint64_t spw__place_release(spw_runtime_t *rt, spw_place_t *p, size_t size, spw_
 
 void spw__slot_drop_clean(spw_runtime_t *rt, spw_slot_t *s, int copy_may_read) {
   if (copy_may_read) spw__host_extent_free_after_event(rt, &s->host, s->ready);
-  else spw__arena_free(rt->arena, &s->host);
+  else spw__host_extent_free(rt, &s->host);
 }
 
 /* ---- creation and free ------------------------------------------------------------------ */
@@ -143,6 +160,7 @@ void spw__slot_finish_free(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, uint32
   size_t size = s->size;
   s->host = (spw_host_extent_t){0};
   s->disk = (spw_disk_extent_t){0};
+  account_peer(rt, on_peer(tier_state, &p.host), 0, size);
   account(rt, tier_state, SPW_SLOT_UNUSED, size);
   check_change(w, spw__w_make(0, SPW_SLOT_UNUSED, 0, 0));
   /* An unspill copy may still be landing in the device memory and reading the host
@@ -262,6 +280,9 @@ spw_move_end_t spw__move_commit(spw_runtime_t *rt, const spw_move_t *m, const sp
   switch (r->to) {
   case SPW_STATE_RESIDENT:
     now.dptr = to->dptr;
+    /* No clean copy is kept in lent peer memory: taking it back then has only HOST
+     * buffers to move on. */
+    if (old.host.peer) flags &= ~(uint64_t)SPW_W_CLEAN;
     if (flags & SPW_W_CLEAN) now.host = old.host;
     break;
   case SPW_STATE_HOST:
@@ -278,6 +299,7 @@ spw_move_end_t spw__move_commit(spw_runtime_t *rt, const spw_move_t *m, const sp
   s->host = now.host;
   s->disk = now.disk;
   account(rt, r->from, r->to, m->size);
+  account_peer(rt, on_peer(r->from, &old.host), on_peer(r->to, &now.host), m->size);
   if (r->to == SPW_STATE_RESIDENT) /* just brought back for use: the last victim, not the first */
     atomic_store_explicit(&s->last_use, spw__coarse_now_ns(), memory_order_relaxed);
   /* Before the word: an acquirer that sees the new word clears it after this store. */

@@ -54,6 +54,7 @@ typedef enum spw_move_kind {
   SPW_MOVE_UNSPILL,
   SPW_MOVE_READ,
   SPW_MOVE_DEMOTE,
+  SPW_MOVE_RETURN, /* out of lent peer memory into host memory (peer.c) */
   SPW_MOVE_KINDS_
 } spw_move_kind_t;
 

@@ -13,6 +13,7 @@
 
 #include "clock.h"
 #include "moves.h"
+#include "peer.h"
 
 static int still_spilling(void *ctx) { return spw__move_wanted(ctx); }
 
@@ -79,7 +80,19 @@ void spw__spill_to_disk_n(spw_runtime_t *rt, spw_victim_t *const *v, size_t n,
   if (why == SPW_SPILL_BACKGROUND) atomic_fetch_add(&rt->c.spills_background, moved);
 }
 
-int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim) {
+/* Writes a demoted buffer's copy to disk: from the host arena as it is, from lent peer
+ * memory (which the CPU cannot read) through the device staging path. */
+static int write_demoted(spw_runtime_t *rt, spw_disk_t *disk, const spw_move_t *m,
+                         spw_disk_extent_t *out) {
+  if (!m->from.host.peer) return spw__disk_write_host(disk, m->from.host.ptr, m->size, out);
+  spw_disk_item_t item = {.dptr = m->from.host.ptr, .bytes = m->size, .status = SPW_OK};
+  int st = spw__disk_write_device_n(disk, &item, 1, spw__d2h(rt), NULL);
+  if (st == SPW_OK) st = item.status;
+  if (st == SPW_OK) *out = item.ext;
+  return st;
+}
+
+int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim, int peer_too) {
   spw_slot_t *s;
   uint64_t w;
   int st = spw__handles_lookup(&rt->handles, h, &s, &w);
@@ -88,9 +101,14 @@ int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim) {
   if (!disk) return st;
   spw_move_t m;
   if (!spw__move_begin(rt, SPW_MOVE_DEMOTE, h, s, claim, &m)) return SPW_ERR_BUSY;
+  if (m.from.host.peer && !peer_too) {
+    spw__move_abort(rt, &m, 0); /* it holds no host memory: demoting it frees none */
+    return SPW_ERR_BUSY;
+  }
+  spw_state_t from = spw__host_state(&m.from.host);
   uint64_t t0 = spw__now_ns();
   spw_disk_extent_t de = {0};
-  st = spw__disk_write_host(disk, m.from.host.ptr, m.size, &de);
+  st = write_demoted(rt, disk, &m, &de);
   uint64_t dt = spw__now_ns() - t0;
   spw_move_end_t end;
   if (st == SPW_OK) {
@@ -103,7 +121,7 @@ int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim) {
   }
   if (end == SPW_MOVE_FREED) return SPW_ERR_FREED;
   if (end == SPW_MOVE_BACK) {
-    spw__report_move(rt, h, SPW_STATE_HOST, SPW_STATE_HOST, 0, dt, st);
+    spw__report_move(rt, h, from, from, 0, dt, st);
     return st;
   }
   atomic_fetch_add(&rt->c.demotions, 1);
@@ -111,7 +129,7 @@ int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim) {
   atomic_fetch_add(&rt->c.demote_ns, dt);
   atomic_fetch_add(&rt->c.disk_writes, 1);
   atomic_fetch_add(&rt->c.disk_write_bytes, m.size);
-  spw__report_move(rt, h, SPW_STATE_HOST, SPW_STATE_DISK, m.size, dt, SPW_OK);
+  spw__report_move(rt, h, from, SPW_STATE_DISK, m.size, dt, SPW_OK);
   return SPW_OK;
 }
 

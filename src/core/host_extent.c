@@ -5,6 +5,7 @@
 #include <stdlib.h>
 
 #include "moves.h"
+#include "peer.h"
 
 typedef struct deferred_extent {
   spw_runtime_t *rt;
@@ -16,7 +17,7 @@ typedef struct deferred_extent {
 static void free_extent(void *arg) {
   deferred_extent_t *d = arg;
   uint64_t bytes = d->e.bytes;
-  spw__arena_free(d->rt->arena, &d->e);
+  spw__host_extent_free(d->rt, &d->e);
   atomic_fetch_sub(&d->rt->c.host_deferred, bytes);
 }
 
@@ -59,7 +60,12 @@ static void free_later(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t str
   /* No way to defer: wait, then free (correct, only slower). */
   if (ev) rt->ops->event_sync(rt->be, ev);
   else rt->ops->stream_sync(rt->be, stream);
-  spw__arena_free(rt->arena, e);
+  spw__host_extent_free(rt, e);
+}
+
+void spw__host_extent_free(spw_runtime_t *rt, spw_host_extent_t *e) {
+  if (e->peer) spw__peer_free(rt, e);
+  else spw__arena_free(rt->arena, e);
 }
 
 void spw__host_extent_free_after(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream) {
@@ -85,13 +91,24 @@ static void await_deferred(spw_runtime_t *rt, size_t bytes) {
 
 size_t spw__host_extent_alloc_n(spw_runtime_t *rt, const size_t *bytes, size_t n,
                                 spw_host_extent_t *out, int *status) {
+  /* Lent peer memory first: the faster link, and host memory stays for what it cannot hold. */
+  size_t k = spw__peer_alloc_n(rt, bytes, n, out);
+  if (k == n) {
+    if (status) *status = SPW_OK;
+    return n;
+  }
   size_t total = 0;
-  for (size_t i = 0; i < n; i++) total += bytes[i];
+  for (size_t i = k; i < n; i++) total += bytes[i];
   await_deferred(rt, total);
-  return spw__arena_alloc_n(rt->arena, bytes, n, out, status);
+  return k + spw__arena_alloc_n(rt->arena, bytes + k, n - k, out + k, status);
 }
 
 int spw__host_extent_alloc(spw_runtime_t *rt, size_t bytes, spw_host_extent_t *out) {
+  if (spw__peer_alloc_n(rt, &bytes, 1, out) == 1) return SPW_OK;
+  return spw__host_extent_alloc_host(rt, bytes, out);
+}
+
+int spw__host_extent_alloc_host(spw_runtime_t *rt, size_t bytes, spw_host_extent_t *out) {
   await_deferred(rt, bytes);
   int st = spw__arena_alloc(rt->arena, bytes, out);
   for (int attempt = 0; st == SPW_ERR_HOST_OUT_OF_MEMORY && attempt < 3; attempt++) {

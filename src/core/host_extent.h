@@ -8,12 +8,17 @@
 
 #include "runtime.h"
 
-/* A host extent for `bytes`, demoting least-recently-used host buffers to disk when the
- * arena is full. Errors: SPW_ERR_HOST_OUT_OF_MEMORY (full, and demotion freed nothing), the
- * arena's others. */
+/* An extent for a spill of `bytes`: in lent peer memory when there is a peer tier with room
+ * (the extent is marked `peer`), else in the host arena, demoting least-recently-used host
+ * buffers to disk when it is full. Errors: SPW_ERR_HOST_OUT_OF_MEMORY (full, and demotion
+ * freed nothing), the arena's others. */
 int spw__host_extent_alloc(spw_runtime_t *rt, size_t bytes, spw_host_extent_t *out);
-/* Extents for n requests under one arena lock, as far as the arena has room without
- * demoting anything; returns how many, from the first, and in *status why it stopped
+/* The same in the host arena only (a buffer moving out of peer memory). */
+int spw__host_extent_alloc_host(spw_runtime_t *rt, size_t bytes, spw_host_extent_t *out);
+/* Returns an extent to the arena it came from, at once; an empty one is ignored. */
+void spw__host_extent_free(spw_runtime_t *rt, spw_host_extent_t *e);
+/* Extents for n requests (peer memory first, as above) under one lock per arena, as far as
+ * they have room without demoting anything; returns how many, from the first, and in *status why it stopped
  * (SPW_ERR_HOST_OUT_OF_MEMORY: the rest go through spw__host_extent_alloc one by one, which
  * demotes; another error is the failure of the request it stopped at). */
 size_t spw__host_extent_alloc_n(spw_runtime_t *rt, const size_t *bytes, size_t n,

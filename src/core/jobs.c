@@ -129,7 +129,7 @@ static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victi
   uint64_t w;
   if (spw__handles_lookup(&rt->handles, h, &s, &w) != SPW_OK) return;
   if (spw__w_state(w) == SPW_STATE_HOST && tier == SPW_TIER_DISK) {
-    spw__demote(rt, h, SPW_CLAIM_WAIT); /* a failure is reported by the move */
+    spw__demote(rt, h, SPW_CLAIM_WAIT, 1); /* a failure is reported by the move */
     return;
   }
   if (spw__w_state(w) != SPW_STATE_RESIDENT) return;

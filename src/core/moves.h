@@ -4,6 +4,7 @@
  *
  *   spill_move.c    device -> host, a batch at a time (pipelined sub-batches)
  *   disk_move.c     device -> disk, host -> disk (demotion), disk -> device
+ *   peer.c          peer -> host (lent memory taken back)
  *   unspill_move.c  host -> device: one buffer for an acquire, or a prefetch batch
  *   victims.c       least-recently-used victims, on the device and on host
  *
@@ -46,8 +47,11 @@ uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spil
 void spw__spill_to_disk_n(spw_runtime_t *rt, spw_victim_t *const *v, size_t n,
                           spw_spill_reason_t why);
 /* Demotes h (HOST -> DISK); with `claim` SPW_CLAIM_TRY it never waits for the slot mutex.
- * SPW_ERR_BUSY if h is not (any more) an unlocked HOST buffer. */
-int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim);
+ * A buffer in lent peer memory goes too only with `peer_too` (an explicit spill to disk,
+ * or peer memory taken back while host memory is full): under host pressure it would free
+ * no host memory. SPW_ERR_BUSY if h is not (any more) an unlocked HOST buffer, or is left
+ * in peer memory. */
+int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim, int peer_too);
 /* Reads a DISK buffer back for an acquire: `m` is a READ move begun by the caller, who holds
  * no lock. Back, the buffer takes `locks` locks and its data has landed; *dptr gets its
  * device memory. Returns SPW_OK, SPW_ERR_FREED, or why it stayed on disk (the caller's to

@@ -4,6 +4,8 @@
  * engine), the disk tier opened on first need, and everything torn down in the reverse
  * order of creation. */
 #include "runtime.h"
+#include "host_extent.h"
+#include "peer.h"
 
 #include <stdlib.h>
 
@@ -74,6 +76,7 @@ static void free_shell(spw_runtime_t *rt) {
   pthread_mutex_destroy(&rt->disk_mu);
   pthread_cond_destroy(&rt->budget.cv);
   pthread_mutex_destroy(&rt->budget.mu);
+  spw__peer_fini(rt);
   free(rt);
 }
 
@@ -118,7 +121,12 @@ int spw__runtime_open(const spw_settings_t *settings, void (*armed)(spw_backend_
   pthread_mutex_init(&rt->ctl_mu, NULL);
   pthread_mutex_init(&rt->hints_mu, NULL);
   pthread_mutex_init(&rt->tls_mu, NULL);
+  if (spw__peer_init(rt) != SPW_OK) {
+    free(rt);
+    return SPW_ERR_SYSTEM;
+  }
   if (pthread_key_create(&rt->tls_key, NULL) != 0) {
+    spw__peer_fini(rt);
     free(rt);
     return SPW_ERR_SYSTEM;
   }
@@ -198,10 +206,11 @@ void spw__runtime_close(spw_runtime_t *rt) {
     } else {
       spw__dpool_free(rt->dpool, s->dptr, s->size, rt->null_bstream);
     }
-    spw__arena_free(rt->arena, &s->host);
+    spw__host_extent_free(rt, &s->host);
     spw__disk_free(rt->disk, &s->disk);
     s->dptr = NULL;
   }
+  spw__peer_give_back(rt);
   spw__streams_foreach(&rt->streams, destroy_owned_stream, rt);
   close_parts(rt);
   free_shell(rt);

@@ -13,6 +13,9 @@
  * practice: maps and unmaps happen outside slot mutexes). (hints_mu is held while a hint's job is queued on the engine.) A thread never holds two slot mutexes at once except through a trylock,
  * and no user or controller callback runs while any of these is held (callbacks are
  * collected and delivered afterwards).
+ * Across runtimes (the peer tier, peer.c): a lender's lend_mu -> the borrower's peer_rw ->
+ * the borrower's own locks above; a borrower never takes a lock of its lender's except
+ * lend_mu, with none of its own held (at lend and at destroy).
  */
 #ifndef SPILLWAY_CORE_RUNTIME_H
 #define SPILLWAY_CORE_RUNTIME_H
@@ -38,6 +41,8 @@
 #include "stream_table.h"
 #include "trace.h"
 
+typedef struct spw_peer_link spw_peer_link_t; /* peer.h */
+
 /* Per-thread state of one runtime (pthread key): last error text, callback depth. */
 typedef struct spw_tls {
   char last_error[512];
@@ -57,6 +62,9 @@ typedef struct spw_counters {
   _Atomic uint64_t host_bytes, disk_bytes; /* authoritative bytes per tier (buffer_state.c) */
   _Atomic uint64_t host_deferred; /* host extent bytes waiting for a stream to be returned */
   _Atomic uint64_t hints_merged, hints_replaced, prefetch_dropped; /* jobs.c, budget.c */
+  _Atomic uint64_t peer_bytes; /* authoritative bytes in lent peer memory (buffer_state.c) */
+  _Atomic uint64_t peer_spills, peer_spill_bytes, peer_unspills, peer_unspill_bytes;
+  _Atomic uint64_t peer_returns, peer_return_bytes;
 } spw_counters_t;
 
 struct spw_runtime {
@@ -106,6 +114,16 @@ struct spw_runtime {
   pthread_mutex_t tls_mu;
   spw_tls_t *tls_list;
   _Atomic int async_error;
+
+  /* The peer tier (peer.c). `peer` is the memory another runtime lends this one: readers
+   * hold peer_rw for reading; the link is set and cleared under it for writing. The links
+   * this runtime lends from are in `lent`, under lend_mu. */
+  pthread_rwlock_t peer_rw;
+  spw_peer_link_t *peer;
+  atomic_int peer_on; /* peer != NULL, read first so that no peer tier costs no lock */
+  pthread_mutex_t lend_mu;
+  spw_peer_link_t *lent;
+  _Atomic uint64_t lent_bytes;
 
   spw_counters_t c;
 };

@@ -18,6 +18,7 @@
 #include "clock.h"
 #include "host_extent.h"
 #include "moves.h"
+#include "peer.h"
 #include "pipeline.h"
 
 /* Victims per part: enough to amortize a launch and an event, few enough that the CPU work
@@ -114,7 +115,7 @@ static void settle(spill_run_t *r, spw_victim_t *v, int copy_status, size_t *nfr
   spw_place_t release = {0};
   if (v->status != SPW_OK) {
     v->end = spw__move_abort(rt, &v->m, 0);
-    spw__arena_free(rt->arena, &v->ext); /* nothing still writes it */
+    spw__host_extent_free(rt, &v->ext); /* nothing still writes it */
     return;
   }
   /* A clean victim moved nothing, so an unspill copy may still be landing in its device
@@ -210,8 +211,14 @@ uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spil
     }
     if (v[i].end == SPW_MOVE_DONE) {
       left += v[i].m.size;
-      spw__report_move(rt, v[i].m.h, SPW_STATE_RESIDENT, SPW_STATE_HOST,
-                       is_clean(&v[i]) ? 0 : v[i].m.size, dt, SPW_OK);
+      /* A clean victim keeps its host copy, which is never in peer memory. */
+      spw_state_t to = is_clean(&v[i]) ? SPW_STATE_HOST : spw__host_state(&v[i].ext);
+      if (to == SPW_STATE_PEER) {
+        atomic_fetch_add(&rt->c.peer_spills, 1);
+        atomic_fetch_add(&rt->c.peer_spill_bytes, v[i].m.size);
+      }
+      spw__report_move(rt, v[i].m.h, SPW_STATE_RESIDENT, to, is_clean(&v[i]) ? 0 : v[i].m.size,
+                       dt, SPW_OK);
     } else if (v[i].end == SPW_MOVE_BACK) {
       spw__report_move(rt, v[i].m.h, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, dt, v[i].status);
     } else {

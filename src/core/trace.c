@@ -175,6 +175,7 @@ static const char *state_name(int s) {
   case SPW_STATE_DEMOTING: return "DEMOTING";
   case SPW_STATE_DISK: return "DISK";
   case SPW_STATE_UNSPILLING: return "UNSPILLING";
+  case SPW_STATE_PEER: return "PEER";
   default: return "?";
   }
 }
@@ -199,6 +200,15 @@ static void move_name(const rec_t *r, const char **name, const char **dir) {
   } else if (r->from == SPW_STATE_DISK && r->to == SPW_STATE_RESIDENT) {
     *name = "disk read";
     *dir = "disk->device";
+  } else if (r->from == SPW_STATE_RESIDENT && r->to == SPW_STATE_PEER) {
+    *name = "spill to peer";
+    *dir = "device->peer";
+  } else if (r->from == SPW_STATE_PEER && r->to == SPW_STATE_RESIDENT) {
+    *name = "unspill from peer";
+    *dir = "peer->device";
+  } else if (r->from == SPW_STATE_PEER) {
+    *name = r->to == SPW_STATE_HOST ? "peer memory taken back" : "peer memory taken back to disk";
+    *dir = r->to == SPW_STATE_HOST ? "peer->host" : "peer->disk";
   } else {
     *name = "move";
   }

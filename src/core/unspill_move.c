@@ -18,7 +18,14 @@
 
 #include "clock.h"
 #include "moves.h"
+#include "peer.h"
 #include "pipeline.h"
+
+static void count_peer_unspill(spw_runtime_t *rt, const spw_move_t *m, uint64_t n) {
+  if (!n || !m->from.host.peer) return;
+  atomic_fetch_add(&rt->c.peer_unspills, 1);
+  atomic_fetch_add(&rt->c.peer_unspill_bytes, m->size);
+}
 
 int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, unsigned flags,
                  uint32_t locks, void **dptr) {
@@ -53,15 +60,17 @@ int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, un
     if (d) spw__device_put(rt, d, m->size, NULL);
     end = spw__move_abort(rt, m, 0);
   }
+  spw_state_t from = spw__host_state(&m->from.host);
   if (end == SPW_MOVE_FREED) return SPW_ERR_FREED;
   if (end == SPW_MOVE_BACK) {
-    spw__report_own_move(rt, m->h, SPW_STATE_HOST, SPW_STATE_HOST, 0, dt, st); /* the acquire's */
+    spw__report_own_move(rt, m->h, from, from, 0, dt, st); /* the acquire's */
     return st;
   }
   atomic_fetch_add(&rt->c.unspills, 1);
   atomic_fetch_add(&rt->c.unspill_bytes, m->size);
   atomic_fetch_add(&rt->c.unspill_ns, dt);
-  spw__report_move(rt, m->h, SPW_STATE_HOST, SPW_STATE_RESIDENT, m->size, dt, SPW_OK);
+  count_peer_unspill(rt, m, 1);
+  spw__report_move(rt, m->h, from, SPW_STATE_RESIDENT, m->size, dt, SPW_OK);
   *dptr = d;
   return SPW_OK;
 }
@@ -227,10 +236,13 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int
   for (size_t i = 0; i < r.n; i++) {
     up_item_t *it = &r.it[i];
     dropped += it->dropped;
-    if (it->end == SPW_MOVE_DONE)
-      spw__report_move(rt, it->m.h, SPW_STATE_HOST, SPW_STATE_RESIDENT, it->m.size, dt, SPW_OK);
-    else if (it->end == SPW_MOVE_BACK && !it->dropped)
-      spw__report_move(rt, it->m.h, SPW_STATE_HOST, SPW_STATE_HOST, 0, dt, it->status);
+    spw_state_t from = spw__host_state(&it->m.from.host);
+    if (it->end == SPW_MOVE_DONE) {
+      count_peer_unspill(rt, &it->m, 1);
+      spw__report_move(rt, it->m.h, from, SPW_STATE_RESIDENT, it->m.size, dt, SPW_OK);
+    } else if (it->end == SPW_MOVE_BACK && !it->dropped) {
+      spw__report_move(rt, it->m.h, from, from, 0, dt, it->status);
+    }
   }
   if (dropped) atomic_fetch_add_explicit(&rt->c.prefetch_dropped, dropped, memory_order_relaxed);
   free(r.it);

@@ -145,7 +145,7 @@ uint64_t spw__demote_lru(spw_runtime_t *rt, uint64_t bytes) {
     spw_slot_t *s = spw__handles_slot_at(&rt->handles, c[i].index);
     size_t size = atomic_load_explicit(&s->size, memory_order_relaxed);
     spw_buf_t h = spw__handle_make(&rt->handles, c[i].gen, c[i].index);
-    if (spw__demote(rt, h, SPW_CLAIM_TRY) == SPW_OK) freed += size;
+    if (spw__demote(rt, h, SPW_CLAIM_TRY, 0) == SPW_OK) freed += size;
   }
   free(c);
   return freed;
