@@ -24,6 +24,11 @@
 #   soak-wait    waits for it and prints its result
 #   bench        spill_bw, oversubscribe (three runs), disk_bw, lock_latency, launch_overhead,
 #                the demo
+#   peers-gpu    bench/peer_bw on a 2-GPU machine (issue 23, the peer tier's ceiling): GPU 0
+#                <-> GPU 1 by cudaMemcpyPeerAsync and by copy kernels pushing and pulling
+#                through the peer mapping, one way and both ways, next to the host link; with
+#                one GPU it says so and exits 0. Its options in SPW_BENCH_SIZES, SPW_BENCH_TOTAL,
+#                SPW_BENCH_REPS. Not `peers`, which runs other libraries next to Spillway
 #   py-install, py-tests, py-dask, suite-builtin, suite-spillway, suite-compare, py-bench,
 #   py-allocators
 #                tests/python/run_gpu.sh's phases (numba-cuda's suite under both managers;
@@ -34,8 +39,9 @@
 #   pack         every log so far into $OUT/logs-<tag>.tgz (files back are limited in number)
 #
 # Knobs for a short session: SPW_CTEST_EXCLUDE (a ctest -E regex for `tests`), SPW_BENCHES
-# (which of lock_latency spill_bw disk_bw launch_overhead), SPW_OVERSUB_RUNS (3),
-# SPW_BENCH_DEMO (1: run the demo after the benches), SPW_SUITE_SECONDS (560, per suite).
+# (which of lock_latency spill_bw disk_bw launch_overhead peer_bw; default all but peer_bw,
+# which has its phase), SPW_OVERSUB_RUNS (3), SPW_BENCH_DEMO (1: run the demo after the
+# benches), SPW_SUITE_SECONDS (560, per suite).
 # Logs go to $SPW_GPU_LOGS (default /tmp/gpu-logs, kept across the commands of one machine;
 # scripts/gpu_env.sh sets it up for every GPU script); the summary lines go to stdout.
 # SPW_COMMIT names the commit in the logs.
@@ -155,6 +161,12 @@ phase_bench() {
   tail -12 "$logs/demo.txt"
 }
 
+phase_peers_gpu() {
+  timeout 120 "$build/bench/peer_bw" >"$logs/peer_bw.txt" 2>&1
+  echo "== peer_bw rc=$?"
+  cat "$logs/peer_bw.txt"
+}
+
 py() { OUT=$logs/python tests/python/run_gpu.sh "$@"; }
 
 phase_pack() {
@@ -175,6 +187,7 @@ for phase in "$@"; do
   soak-start) phase_soak_start ;;
   soak-wait) phase_soak_wait ;;
   bench) phase_bench ;;
+  peers-gpu) phase_peers_gpu ;;
   py-install) py install ;;
   py-tests) py tests ;;
   py-dask) py dask ;;
@@ -187,7 +200,7 @@ for phase in "$@"; do
   peers) OUT=$logs/peers bench/peers/run_peers.sh run -- ${SPW_PEERS_ARGS:-} ;;
   pack) phase_pack ;;
   *)
-    sed -n 3,38p "$0"
+    sed -n 3,47p "$0"
     exit 2
     ;;
   esac
