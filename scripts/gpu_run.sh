@@ -24,10 +24,11 @@
 #   soak-wait    waits for it and prints its result
 #   bench        spill_bw, oversubscribe (three runs), disk_bw, lock_latency, launch_overhead,
 #                the demo
-#   py-install, py-tests, py-dask, suite-builtin, suite-spillway, suite-compare, py-bench,
-#   py-allocators
+#   py-install, py-tests, py-dask, py-dask-multi, suite-builtin, suite-spillway,
+#   suite-compare, py-bench, py-allocators
 #                tests/python/run_gpu.sh's phases (numba-cuda's suite under both managers;
-#                the CuPy, PyTorch and cuda.core allocators with their benchmark)
+#                one Dask worker per GPU; the CuPy, PyTorch and cuda.core allocators with
+#                their benchmark)
 #   peers        bench/peers/run_peers.sh (PyTorch and KvikIO next to Spillway); its options
 #                (e.g. "--tiers disk --sizes 1MiB,256MiB") in SPW_PEERS_ARGS: the arguments of
 #                this script are all phases
@@ -178,6 +179,7 @@ for phase in "$@"; do
   py-install) py install ;;
   py-tests) py tests ;;
   py-dask) py dask ;;
+  py-dask-multi) py dask-multi ;;
   suite-builtin) py suite-builtin ;;
   suite-spillway) py suite-spillway ;;
   suite-compare) py compare ;;
@@ -187,7 +189,7 @@ for phase in "$@"; do
   peers) OUT=$logs/peers bench/peers/run_peers.sh run -- ${SPW_PEERS_ARGS:-} ;;
   pack) phase_pack ;;
   *)
-    sed -n 3,38p "$0"
+    sed -n 3,39p "$0"
     exit 2
     ;;
   esac
