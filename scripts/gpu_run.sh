@@ -29,10 +29,11 @@
 #                through the peer mapping, one way and both ways, next to the host link; with
 #                one GPU it says so and exits 0. Its options in SPW_BENCH_SIZES, SPW_BENCH_TOTAL,
 #                SPW_BENCH_REPS. Not `peers`, which runs other libraries next to Spillway
-#   py-install, py-tests, py-dask, suite-builtin, suite-spillway, suite-compare, py-bench,
-#   py-allocators
+#   py-install, py-tests, py-dask, py-dask-multi, suite-builtin, suite-spillway,
+#   suite-compare, py-bench, py-allocators
 #                tests/python/run_gpu.sh's phases (numba-cuda's suite under both managers;
-#                the CuPy, PyTorch and cuda.core allocators with their benchmark)
+#                one Dask worker per GPU; the CuPy, PyTorch and cuda.core allocators with
+#                their benchmark)
 #   peers        bench/peers/run_peers.sh (PyTorch and KvikIO next to Spillway); its options
 #                (e.g. "--tiers disk --sizes 1MiB,256MiB") in SPW_PEERS_ARGS: the arguments of
 #                this script are all phases
@@ -191,6 +192,7 @@ for phase in "$@"; do
   py-install) py install ;;
   py-tests) py tests ;;
   py-dask) py dask ;;
+  py-dask-multi) py dask-multi ;;
   suite-builtin) py suite-builtin ;;
   suite-spillway) py suite-spillway ;;
   suite-compare) py compare ;;
@@ -200,7 +202,7 @@ for phase in "$@"; do
   peers) OUT=$logs/peers bench/peers/run_peers.sh run -- ${SPW_PEERS_ARGS:-} ;;
   pack) phase_pack ;;
   *)
-    sed -n 3,47p "$0"
+    sed -n 3,48p "$0"
     exit 2
     ;;
   esac

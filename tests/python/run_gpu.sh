@@ -12,6 +12,11 @@
 #   tests/python/run_gpu.sh dask            spillway.dask's LocalCluster tests on the CUDA
 #                                           backend (needs the dask wheels in .whl/), their
 #                                           per-worker statistics, and a traced demo's picture
+#   tests/python/run_gpu.sh dask-multi      one Dask worker per GPU (spillway.dask's
+#                                           local_cuda_cluster, SPW_DASK_MULTI_BUDGET each,
+#                                           2GiB): bench/python/dask_multi_gpu.py on 3x the
+#                                           budgets together, its per-worker table and
+#                                           dask-multi.json; then test_dask_multi.py
 #   tests/python/run_gpu.sh fuzz            the hostile-input tests and the Hypothesis fuzzing
 #                                           of the API on the CUDA backend (needs hypothesis
 #                                           and sortedcontainers wheels in .whl/)
@@ -110,6 +115,21 @@ for w, s in d['workers'].items():
     python3 -m spillway.plot "$out/demo-trace-cuda.json" "$out/demo-trace-cuda.png" \
       --title "spillway-demo on $(head -2 "$out/gpu.txt" | tail -1 | cut -d, -f1)"
   fi
+  ;;
+dask-multi)
+  # Every visible GPU gets a worker (CUDA_VISIBLE_DEVICES rotated per worker, as dask-cuda
+  # does) with its own budget; the result is checked exactly; exit 1 if it is wrong.
+  timeout 420 python3 bench/python/dask_multi_gpu.py --budget "${SPW_DASK_MULTI_BUDGET:-2GiB}" \
+    --block "${SPW_DASK_MULTI_BLOCK:-64MiB}" --timeout 300 --out "$out" \
+    >"$out/dask-multi.txt" 2>&1
+  echo "dask multi-GPU rc=$?"
+  tail -12 "$out/dask-multi.txt"
+  # The host-backend run and the GPU variant (a different physical GPU per worker).
+  SPILLWAY_DASK_BUDGET=256MiB timeout 150 python3 -m pytest -q -rs -p no:cacheprovider \
+    --junitxml="$out/dask-multi-tests.xml" tests/python/test_dask_multi.py \
+    >"$out/dask-multi-tests.log" 2>&1
+  echo "dask multi tests rc=$?: $(tail -1 "$out/dask-multi-tests.log")"
+  grep -E "^(FAILED|ERROR|SKIPPED)" "$out/dask-multi-tests.log" | head -20
   ;;
 fuzz)
   # SPW_FUZZ_SEED fixes the seed (printed either way); SPW_FUZZ_EXAMPLES the budget.

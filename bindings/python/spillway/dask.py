@@ -10,6 +10,9 @@
     x = client.submit(lambda: to_device(np.arange(10**6)))   # a DeferrableArray on a worker
     print(cluster_stats(client))                               # {worker address: {...}}
 
+    # One worker process per GPU, each with its own CUDA_VISIBLE_DEVICES and budget:
+    cluster = local_cuda_cluster(device_limit="2GiB")   # host backend where there is no GPU
+
 What the plugin does in each worker process (docs/python.md, "Dask"):
 
 * creates the worker's Runtime (:func:`runtime`) from its arguments, else the worker's Dask
@@ -29,6 +32,12 @@ What the plugin does in each worker process (docs/python.md, "Dask"):
   plugin runs that collector within a second (:class:`_Releases`);
 * on teardown removes the controller and destroys the runtime.
 
+:func:`local_cuda_cluster` starts one worker process per visible GPU, as dask-cuda's
+LocalCUDACluster does (without depending on it): each worker's Nanny sets
+``CUDA_VISIBLE_DEVICES`` to the list rotated so that its own GPU comes first (device 0 in
+the worker), and each worker gets the plugin with its own budget. :func:`worker_device`
+says which GPU a worker uses.
+
 Deferrable data travelling between workers (or to the client) is serialized through the host:
 a DeferrableArray arrives as a DeferrableArray on a worker that has the plugin, and as a NumPy
 array anywhere else.
@@ -36,16 +45,18 @@ array anywhere else.
 from __future__ import annotations
 
 import copy
+import ctypes
 import gc
 import logging
 import os
 import threading
 import time
 import weakref
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from . import _spillway as _c
 from . import process as _process
 from ._runtime import Backend, Buffer, Runtime
 from .array import DeferrableArray
@@ -53,13 +64,14 @@ from .controller import Controller
 
 try:
     import dask
-    from distributed import WorkerPlugin, get_worker
+    from distributed import Nanny, Scheduler, SpecCluster, WorkerPlugin, get_worker
     from distributed.protocol import dask_deserialize, dask_serialize
 except ImportError as e:  # pragma: no cover (the tests skip without dask)
     raise ImportError("spillway.dask needs dask and distributed (pip install distributed)") from e
 
 __all__ = ["SpillwayPlugin", "DaskPolicy", "runtime", "to_device", "worker_stats",
-           "cluster_stats", "dask_setup"]
+           "cluster_stats", "dask_setup", "local_cuda_cluster", "visible_gpus",
+           "worker_device"]
 
 log = logging.getLogger("spillway.dask")
 
@@ -579,6 +591,240 @@ def _deserialize(header: Dict[str, Any], frames: List[Any]) -> Any:
         if len(live) == 1:
             state = live[0]
     return ary if state is None else DeferrableArray.from_host(state.runtime, ary)
+
+
+# -- one worker per GPU ---------------------------------------------------------------------------
+def _cuda_driver() -> Optional[Any]:
+    """libcuda, initialized (cuInit creates no context), or None where there is no driver or
+    no device."""
+    try:
+        lib = ctypes.CDLL("libcuda.so.1")
+        return lib if lib.cuInit(0) == 0 else None
+    except (OSError, AttributeError):
+        return None
+
+
+def visible_gpus() -> List[str]:
+    """The GPUs this process can give to workers, named as ``CUDA_VISIBLE_DEVICES`` names
+    them: when the variable is set, its entries (ordinals or UUIDs, as written) up to the
+    number of devices the driver sees through it; else the ordinals of every device the
+    driver reports ("0", "1", ...). ``[]`` where there is no CUDA driver or no device. Asks
+    the driver (cuInit, cuDeviceGetCount) and creates no CUDA context."""
+    lib = _cuda_driver()
+    count = ctypes.c_int(0)
+    if lib is None or lib.cuDeviceGetCount(ctypes.byref(count)) != 0:
+        return []
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is None:
+        return [str(i) for i in range(count.value)]
+    return [d.strip() for d in env.split(",") if d.strip()][:count.value]
+
+
+def _device_identity(ordinal: int) -> Dict[str, Optional[str]]:
+    """The PCI bus id and UUID (as nvidia-smi writes them) of CUDA device `ordinal` of this
+    process, through the driver (no context); None for what it does not answer."""
+    out: Dict[str, Optional[str]] = {"pci_bus_id": None, "uuid": None}
+    lib = _cuda_driver()
+    dev = ctypes.c_int(0)
+    if lib is None or lib.cuDeviceGet(ctypes.byref(dev), ctypes.c_int(ordinal)) != 0:
+        return out
+    bus = ctypes.create_string_buffer(64)
+    if lib.cuDeviceGetPCIBusId(bus, ctypes.c_int(len(bus)), dev) == 0:
+        out["pci_bus_id"] = bus.value.decode()
+    raw = ctypes.create_string_buffer(16)
+    get_uuid = getattr(lib, "cuDeviceGetUuid_v2", None) or getattr(lib, "cuDeviceGetUuid", None)
+    if get_uuid is not None and get_uuid(raw, dev) == 0:
+        h = raw.raw.hex()
+        out["uuid"] = f"GPU-{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"
+    return out
+
+
+def worker_device(dask_worker: Any = None) -> Dict[str, Any]:
+    """Which device this worker uses (``client.run(worker_device)`` passes `dask_worker`):
+    ``name``, ``address``, ``pid``, ``cuda_visible_devices`` (the worker process's variable,
+    None if unset), ``backend`` and ``device`` (its Spillway runtime's; None without the
+    plugin), and on the CUDA backend the device's ``pci_bus_id`` and ``uuid`` (from the
+    driver: they name the physical GPU whatever ``CUDA_VISIBLE_DEVICES`` says; None on the
+    host backend)."""
+    worker = dask_worker if dask_worker is not None else get_worker()
+    st = getattr(worker, _ATTR, None)
+    rt = st.runtime if st is not None and not st.runtime.closed else None
+    out: Dict[str, Any] = {
+        "name": worker.name, "address": worker.address, "pid": os.getpid(),
+        "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+        "backend": rt.backend.name.lower() if rt is not None else None,
+        "device": rt.device if rt is not None else None, "pci_bus_id": None, "uuid": None}
+    if rt is not None and rt.backend == Backend.CUDA:
+        out.update(_device_identity(rt.device))
+    return out
+
+
+def _count(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, not {type(value).__name__}")
+    if value < minimum:
+        raise ValueError(f"{name} must be >= {minimum}, not {value}")
+    return value
+
+
+def _size(name: str, value: Any) -> Any:
+    """`value` checked as a Spillway size (an int or a string such as "2GiB") and > 0;
+    returned as given. TypeError / ValueError (ConfigError) otherwise."""
+    try:
+        n = _c.parse_size(value)
+    except TypeError:
+        raise TypeError(f"{name} must be an int or a size string such as '2GiB', "
+                        f"not {type(value).__name__}") from None
+    except ValueError as e:
+        raise ValueError(f"{name}: {value!r} is not a size ({e})") from None
+    if n <= 0:
+        raise ValueError(f"{name} must be > 0 bytes, not {value!r}")
+    return value
+
+
+_OWN_KEYS = frozenset({"backend", "device", "device_limit", "host_limit", "disk_limit",
+                       "spill_dir", "host_device_bytes"})
+
+
+def local_cuda_cluster(n_workers: Optional[int] = None, *,
+                       device_limit: Union[int, str, Sequence[Union[int, str]], None] = None,
+                       host_limit: Union[int, str, None] = None,
+                       disk_limit: Union[int, str, None] = None,
+                       spill_dir: Optional[str] = None, backend: str = "auto",
+                       host_device_bytes: Union[int, str, None] = None,
+                       devices: Optional[Sequence[Union[int, str]]] = None,
+                       threads_per_worker: int = 1,
+                       memory_limit: Union[int, str, float, None] = "auto",
+                       plugin_options: Optional[Dict[str, Any]] = None,
+                       worker_options: Optional[Dict[str, Any]] = None,
+                       dashboard_address: Optional[str] = None,
+                       silence_logs: Union[int, bool] = logging.WARN,
+                       asynchronous: bool = False, name: Optional[str] = None) -> Any:
+    """Starts a local cluster with one worker process per GPU, each with a Spillway runtime
+    of its own (SpillwayPlugin), and returns it (a ``distributed.SpecCluster``: use it as a
+    context manager or close() it; its size is fixed, scale() is not supported).
+
+    As dask-cuda's LocalCUDACluster does, worker ``i`` runs under a Nanny that sets its
+    ``CUDA_VISIBLE_DEVICES`` to the GPUs rotated by ``i`` (worker 1 of "0,1,2" gets
+    "1,2,0"), so that its own GPU is device 0 there and the others stay visible, and
+    ``SPILLWAY_DEVICE=0``. Worker names are 0, 1, ...
+
+    - ``n_workers``: how many workers (default: one per GPU of `devices`); at most
+      ``len(devices)`` on the CUDA backend.
+    - ``devices``: the GPUs to use, as ``CUDA_VISIBLE_DEVICES`` entries (ordinals or UUIDs);
+      default :func:`visible_gpus`.
+    - ``backend``: ``"auto"`` (``"cuda"`` if a GPU is visible, else ``"host"``), ``"cuda"`` or
+      ``"host"``. On the host backend (for CI: device memory emulated in host memory) the
+      workers still get a different ``CUDA_VISIBLE_DEVICES`` each (made-up ordinals "0",
+      "1", ... where there are fewer GPUs than workers), ``n_workers`` defaults to the
+      number of GPUs, else 2, and ``host_device_bytes`` sets the emulated device size.
+    - ``device_limit``: each worker's device budget: one size for all, or a sequence with
+      one size per worker; None takes the Dask configuration / SPILLWAY_DEVICE_LIMIT /
+      Spillway's default. ``host_limit``, ``disk_limit``, ``spill_dir`` (default: each
+      worker's local directory), ``host_device_bytes``: for every worker's runtime.
+    - ``plugin_options``: further keywords of :class:`SpillwayPlugin` (``policy``,
+      ``numba``, ``shared``, ``io``, ``log_level``, ``trace``, ...);
+      ``worker_options``: further keywords of ``distributed.Nanny`` / ``Worker``.
+    - ``threads_per_worker`` (default 1, as dask-cuda), ``memory_limit`` (Dask's host
+      memory limit of each worker; "auto" shares the machine's memory among the workers, as
+      LocalCluster does), ``dashboard_address`` (None: no dashboard), ``silence_logs``,
+      ``asynchronous``, ``name``: as for LocalCluster. Scheduler and workers listen on
+      127.0.0.1.
+
+    Errors, before anything starts: TypeError for an argument of the wrong type (a count
+    that is not an int, a size that is neither an int nor a string, a plugin option that
+    one of the keywords above names); ValueError for a count below 1, more workers than
+    GPUs on the CUDA backend, a size that does not parse or is 0, a `device_limit` sequence
+    whose length is not ``n_workers``, repeated or empty `devices`, an unknown backend;
+    RuntimeError for ``backend="cuda"`` where no GPU is visible. A worker whose runtime
+    cannot be created (a bad plugin option, a device that fails) makes the cluster's start
+    raise distributed's RuntimeError ("Nanny failed to start"), Spillway's error in the
+    worker's log."""
+    from distributed.worker_memory import parse_memory_limit
+
+    if not isinstance(backend, str) or backend not in ("auto", "cuda", "host"):
+        raise ValueError(f"backend must be 'auto', 'cuda' or 'host', not {backend!r}")
+    if n_workers is not None:
+        _count("n_workers", n_workers, 1)
+    _count("threads_per_worker", threads_per_worker, 1)
+    gpus = visible_gpus()
+    if devices is not None:
+        if isinstance(devices, (str, bytes)) or not isinstance(devices, Sequence):
+            raise TypeError("devices must be a sequence of GPU ordinals or UUIDs, not "
+                            f"{type(devices).__name__}")
+        ids = []
+        for d in devices:
+            if isinstance(d, bool) or not isinstance(d, (int, str)):
+                raise TypeError(f"a device is an int or a str, not {type(d).__name__}")
+            name_ = str(d).strip()
+            if (isinstance(d, int) and d < 0) or not name_ or "," in name_:
+                raise ValueError(f"{d!r} is not a GPU ordinal or UUID")
+            ids.append(name_)
+        if not ids:
+            raise ValueError("devices is empty")
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"devices repeats a GPU: {ids}")
+    else:
+        ids = gpus
+    if backend == "auto":
+        backend = "cuda" if gpus else "host"
+    if backend == "cuda":
+        if not gpus:
+            raise RuntimeError("backend='cuda' but no GPU is visible (no CUDA driver or "
+                               "device, or CUDA_VISIBLE_DEVICES hides them)")
+        n = len(ids) if n_workers is None else n_workers
+        if n > len(ids):
+            raise ValueError(f"n_workers={n} but only {len(ids)} GPUs are available "
+                             f"({','.join(ids)}): one worker per GPU")
+    else:
+        n = n_workers if n_workers is not None else (len(ids) or 2)
+        made_up = (str(i) for i in range(2 * n + len(ids)) if str(i) not in ids)
+        while len(ids) < n:  # made-up ordinals: the host backend never reads them
+            ids = ids + [next(made_up)]
+    if isinstance(device_limit, (list, tuple)):
+        if len(device_limit) != n:
+            raise ValueError(f"device_limit has {len(device_limit)} sizes for {n} workers")
+        limits = [_size(f"device_limit[{i}]", v) for i, v in enumerate(device_limit)]
+    elif device_limit is None:
+        limits = [None] * n
+    else:
+        limits = [_size("device_limit", device_limit)] * n
+    runtime_kw: Dict[str, Any] = {"backend": backend}
+    for key, v in (("host_limit", host_limit), ("disk_limit", disk_limit),
+                   ("host_device_bytes", host_device_bytes)):
+        if v is not None:
+            runtime_kw[key] = _size(key, v)
+    if spill_dir is not None:
+        if not isinstance(spill_dir, (str, os.PathLike)):
+            raise TypeError(f"spill_dir must be a path, not {type(spill_dir).__name__}")
+        runtime_kw["spill_dir"] = os.fspath(spill_dir)
+    popts = dict(plugin_options or {})
+    clash = sorted(_OWN_KEYS & set(popts))
+    if clash:
+        raise TypeError(f"plugin_options may not set {clash}: they are keywords of "
+                        "local_cuda_cluster")
+    wopts = dict(worker_options or {})
+    clash = sorted({"env", "plugins", "nthreads", "name"} & set(wopts))
+    if clash:
+        raise TypeError(f"worker_options may not set {clash}: local_cuda_cluster sets them")
+    if "memory_limit" not in wopts:
+        wopts["memory_limit"] = parse_memory_limit(memory_limit, 1, n, logger=log)
+
+    workers = {}
+    for i in range(n):
+        rotated = ids[i:] + ids[:i]
+        plugin = SpillwayPlugin(**popts, **runtime_kw, device_limit=limits[i])
+        options = dict(wopts)
+        options.update(
+            nthreads=threads_per_worker, name=i, host="127.0.0.1", plugins={plugin},
+            dashboard=False, silence_logs=silence_logs,
+            env={"CUDA_VISIBLE_DEVICES": ",".join(rotated), "SPILLWAY_DEVICE": "0"})
+        workers[i] = {"cls": Nanny, "options": options}
+    scheduler = {"cls": Scheduler,
+                 "options": {"host": "127.0.0.1", "dashboard_address": dashboard_address,
+                             "dashboard": dashboard_address is not None}}
+    return SpecCluster(workers=workers, scheduler=scheduler, asynchronous=asynchronous,
+                       silence_logs=silence_logs, name=name)
 
 
 # -- `dask worker --preload spillway.dask` ------------------------------------------------------
