@@ -446,6 +446,93 @@ int bench_raw_copy_gbs(const bench_env_t *env, bench_rstream_t *rs, void *dst, c
   return SPW_OK;
 }
 
+int bench_other_device(const bench_env_t *env) {
+  int n = 1;
+#ifdef SPW_BENCH_HAVE_CUDA
+  if (env->kind == SPW_BACKEND_CUDA && cudaGetDeviceCount(&n) != cudaSuccess) n = 1;
+#endif
+  return n > 1 ? (env->device == 0 ? 1 : 0) : env->device;
+}
+
+/* ---- raw copies between two devices ------------------------------------------------------ */
+
+#ifdef SPW_BENCH_HAVE_CUDA
+static int cuda_peer_fail(const char *what, cudaError_t e) {
+  fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
+  return SPW_ERR_CUDA;
+}
+
+/* `count` cudaMemcpyPeerAsync of `piece` bytes, timed with events on a stream of the
+ * source device; median of reps. */
+static int cuda_peer_gbs(int ddev, void *dst, int sdev, const void *src, size_t piece,
+                         size_t count, unsigned reps, double *gbs) {
+  cudaStream_t st;
+  cudaEvent_t a, b;
+  cudaError_t e = cudaSetDevice(sdev);
+  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  if (e != cudaSuccess) return cuda_peer_fail("raw peer stream", e);
+  cudaEventCreate(&a);
+  cudaEventCreate(&b);
+  double t[16];
+  for (unsigned r = 0; r <= reps && e == cudaSuccess; r++) { /* r == 0: warm-up, untimed */
+    e = cudaEventRecord(a, st);
+    for (size_t i = 0; i < count && e == cudaSuccess; i++)
+      e = cudaMemcpyPeerAsync((char *)dst + i * piece, ddev, (const char *)src + i * piece, sdev,
+                              piece, st);
+    if (e == cudaSuccess) e = cudaEventRecord(b, st);
+    if (e == cudaSuccess) e = cudaEventSynchronize(b);
+    float ms = 0;
+    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, a, b);
+    if (r > 0) t[r - 1] = ms / 1e3;
+  }
+  cudaEventDestroy(a);
+  cudaEventDestroy(b);
+  cudaStreamDestroy(st);
+  if (e != cudaSuccess) return cuda_peer_fail("cudaMemcpyPeerAsync", e);
+  *gbs = bench_gbs((uint64_t)piece * count, bench_median(t, reps));
+  return SPW_OK;
+}
+
+static int cuda_region(int dev, size_t bytes, void **out) {
+  cudaError_t e = cudaSetDevice(dev);
+  if (e == cudaSuccess) e = cudaMalloc(out, bytes);
+  return e == cudaSuccess ? SPW_OK : cuda_peer_fail("cudaMalloc (raw peer region)", e);
+}
+#endif
+
+int bench_raw_peer_gbs(const bench_env_t *env, int dev_a, int dev_b, size_t piece, size_t count,
+                       unsigned reps, double *a_to_b, double *b_to_a) {
+  if (reps == 0) reps = 1;
+  if (reps > 16) reps = 16;
+  size_t bytes = piece * count;
+#ifdef SPW_BENCH_HAVE_CUDA
+  if (env->kind == SPW_BACKEND_CUDA) {
+    void *a = NULL, *b = NULL;
+    int st = cuda_region(dev_a, bytes, &a);
+    if (st == SPW_OK) st = cuda_region(dev_b, bytes, &b);
+    if (st == SPW_OK) st = cuda_peer_gbs(dev_b, b, dev_a, a, piece, count, reps, a_to_b);
+    if (st == SPW_OK) st = cuda_peer_gbs(dev_a, a, dev_b, b, piece, count, reps, b_to_a);
+    cudaFree(a);
+    cudaFree(b);
+    cudaSetDevice(env->device);
+    return st;
+  }
+#endif
+  (void)dev_a;
+  (void)dev_b;
+  void *a = NULL, *b = NULL;
+  bench_rstream_t rs = {0};
+  int st = bench_dev_alloc(env, bytes, &a);
+  if (st == SPW_OK) st = bench_dev_alloc(env, bytes, &b);
+  if (st == SPW_OK) st = bench_rstream_create(env, &rs);
+  if (st == SPW_OK) st = bench_raw_copy_gbs(env, &rs, b, a, piece, count, reps, a_to_b);
+  if (st == SPW_OK) st = bench_raw_copy_gbs(env, &rs, a, b, piece, count, reps, b_to_a);
+  bench_rstream_destroy(env, &rs);
+  bench_dev_free(env, a);
+  bench_dev_free(env, b);
+  return st;
+}
+
 /* ---- two threads at once ---------------------------------------------------------------- */
 
 typedef struct pair_side {

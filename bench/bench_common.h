@@ -55,6 +55,8 @@ int bench_opt_check(int argc, char **argv, const char *const *known);
 
 /* ---- environment ---- */
 int bench_env_init(bench_env_t *env);
+/* Another GPU than env's when there are two or more (the peer tier's lender), else env's. */
+int bench_other_device(const bench_env_t *env);
 /* A runtime on env's backend and device, with the given limits (0 = library default) and
  * the emulated device sized for device_limit on the host backend. */
 int bench_runtime_create(const bench_env_t *env, uint64_t device_limit, uint64_t host_limit,
@@ -85,6 +87,12 @@ int bench_raw_copies(const bench_env_t *env, bench_rstream_t *rs, void *dst, con
 /* Times `count` copies of `piece` bytes (enqueue and wait), median of `reps`; GB/s. */
 int bench_raw_copy_gbs(const bench_env_t *env, bench_rstream_t *rs, void *dst, const void *src,
                        size_t piece, size_t count, unsigned reps, double *gbs);
+
+/* Raw copies of `count` pieces between two devices, one way then the other (cuda: one
+ * cudaMemcpyPeerAsync each, timed with events; host: memcpy between two regions); median
+ * of `reps`, GB/s. The peer tier's ceiling. */
+int bench_raw_peer_gbs(const bench_env_t *env, int dev_a, int dev_b, size_t piece, size_t count,
+                       unsigned reps, double *a_to_b, double *b_to_a);
 
 /* ---- two threads at once ---- */
 typedef int (*bench_task_fn)(void *arg);

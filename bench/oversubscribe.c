@@ -31,9 +31,16 @@
  * Every buffer is filled with the check pattern at allocation; at the end a sample is read
  * back and must equal the pattern plus the number of passes run. Nothing asserts on time.
  *
+ * With peer-lend (issue 23's peer tier), a second runtime on device `lender` (default: the
+ * other GPU, else the same one) lends that many bytes of its device memory, and spills go
+ * there first over the peer link. The raw peer copies of buffer-sized pieces each way are
+ * measured too, and the table then also shows the time against the peer link's floor:
+ * max(out / peer one way, in / peer the other way), the two directions of NVLink being
+ * separate lanes.
+ *
  * Options (--NAME=VALUE or SPW_BENCH_NAME): budget, buf-size, factor, passes, depth (list),
  * max-lag (0 = the default above), link-bytes (bytes of the raw link measurement), reps (of
- * the raw measurement).
+ * the raw measurement), peer-lend (bytes; 0 = no peer tier), lender (device ordinal).
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -51,6 +58,7 @@ typedef struct sweep {
   uint64_t depth;
   double seconds;
   uint64_t out, in; /* bytes moved: to host or disk, and back */
+  uint64_t peer_out, peer_in; /* the part of them that went to and came from peer memory */
   uint64_t unspills, on_demand, background, clean, disk;
   uint64_t oom_retries; /* acquires or prefetches retried after SPW_ERR_OUT_OF_MEMORY */
 } sweep_t;
@@ -171,6 +179,8 @@ static int sweep(const sweep_args_t *a, sweep_t *out) {
   out->depth = a->depth;
   out->oom_retries = retries;
   out->out = (s1.spill_bytes - s0.spill_bytes) + (s1.demote_bytes - s0.demote_bytes);
+  out->peer_out = s1.peer_spill_bytes - s0.peer_spill_bytes;
+  out->peer_in = s1.peer_unspill_bytes - s0.peer_unspill_bytes;
   out->in = (s1.unspill_bytes - s0.unspill_bytes) + (s1.disk_read_bytes - s0.disk_read_bytes);
   out->unspills = (s1.unspills - s0.unspills) + (s1.disk_reads - s0.disk_reads);
   out->on_demand = s1.spills_on_demand - s0.spills_on_demand;
@@ -196,14 +206,38 @@ static double duplex_floor(const link_t *l, uint64_t out, uint64_t in) {
   return f < serial ? f : serial;
 }
 
+/* The floor of a sweep whose moves split between the peer link and the host link, which run
+ * at once: the slower of the two parts. */
+static double peer_floor(const link_t *l, const sweep_t *r, double down, double up) {
+  double f = dmax((double)r->peer_out / (down * 1e9), (double)r->peer_in / (up * 1e9));
+  return dmax(f, duplex_floor(l, r->out - r->peer_out, r->in - r->peer_in));
+}
+
+static void print_peer_table(const link_t *l, const sweep_t *r, size_t n, double down, double up) {
+  printf("\npeer tier: moves split between the peer link and the host link\n\n");
+  printf("| prefetch depth | to peer GiB | from peer GiB | to host GiB | from host GiB | floor s "
+         "(both links) | time / floor | time / host duplex floor |\n");
+  printf("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |\n");
+  for (size_t i = 0; i < n; i++) {
+    double f = peer_floor(l, &r[i], down, up), h = duplex_floor(l, r[i].out, r[i].in);
+    printf("| %" PRIu64 " | %.2f | %.2f | %.2f | %.2f | %.3f | %.2f | %.2f |\n", r[i].depth,
+           (double)r[i].peer_out / BENCH_GIB, (double)r[i].peer_in / BENCH_GIB,
+           (double)(r[i].out - r[i].peer_out) / BENCH_GIB,
+           (double)(r[i].in - r[i].peer_in) / BENCH_GIB, f, f > 0 ? r[i].seconds / f : 0,
+           h > 0 ? r[i].seconds / h : 0);
+  }
+}
+
 int main(int argc, char **argv) {
   static const char *const known[] = {"budget", "buf-size", "factor", "passes", "depth",
-                                      "max-lag", "link-bytes", "reps", NULL};
+                                      "max-lag", "link-bytes", "reps", "peer-lend", "lender",
+                                      NULL};
   bench_env_t env;
   if (bench_opt_check(argc, argv, known) != SPW_OK || bench_env_init(&env) != SPW_OK) return 2;
   const int cuda = env.kind == SPW_BACKEND_CUDA;
   static const uint64_t def_depth[] = {4};
   uint64_t budget, size, factor, passes, link_bytes, reps, max_lag, depths[BENCH_MAX_LIST];
+  uint64_t peer_lend, lender_dev;
   size_t ndepths = 0;
   if (bench_opt_size(argc, argv, "budget", cuda ? 8 * BENCH_GIB : 64 * BENCH_MIB, &budget) ||
       bench_opt_size(argc, argv, "buf-size", cuda ? 256 * BENCH_MIB : 4 * BENCH_MIB, &size) ||
@@ -211,7 +245,9 @@ int main(int argc, char **argv) {
       bench_opt_uint(argc, argv, "passes", 3, &passes) ||
       bench_opt_size(argc, argv, "link-bytes", cuda ? BENCH_GIB : 64 * BENCH_MIB, &link_bytes) ||
       bench_opt_uint(argc, argv, "reps", 3, &reps) ||
-      bench_opt_uint(argc, argv, "max-lag", 0, &max_lag))
+      bench_opt_uint(argc, argv, "max-lag", 0, &max_lag) ||
+      bench_opt_size(argc, argv, "peer-lend", 0, &peer_lend) ||
+      bench_opt_uint(argc, argv, "lender", (uint64_t)bench_other_device(&env), &lender_dev))
     return 2;
   if (bench_opt_uint_list(argc, argv, "depth", def_depth, 1, depths, &ndepths)) return 2;
   if (factor < 1 || passes < 1 || size % 4 != 0 || size > budget || reps < 1 || reps > 16) {
@@ -237,9 +273,33 @@ int main(int argc, char **argv) {
          ss, link.d2h, link.h2d, link.duplex);
   fflush(stdout);
 
-  spw_runtime_t *rt = NULL;
+  double peer_down = 0, peer_up = 0;
+  if (peer_lend) {
+    if (bench_raw_peer_gbs(&env, env.device, (int)lender_dev, (size_t)size,
+                           (size_t)(link_bytes / size), (unsigned)reps, &peer_down, &peer_up) != SPW_OK)
+      return 1;
+    printf("peer link (raw cudaMemcpyPeerAsync, %s copies): device %d -> %d %.2f GB/s, %d -> %d "
+           "%.2f GB/s\n\n", ss, env.device, (int)lender_dev, peer_down, (int)lender_dev,
+           env.device, peer_up);
+  }
+
+  spw_runtime_t *rt = NULL, *lender = NULL;
   if (bench_runtime_create(&env, budget, ws + ws / 4 + 256 * BENCH_MIB, NULL, &rt) != SPW_OK)
     return 1;
+  if (peer_lend) {
+    spw_config_t cfg = SPW_CONFIG_INIT;
+    cfg.backend = env.kind;
+    cfg.device = (int)lender_dev;
+    cfg.device_limit = peer_lend + 256 * BENCH_MIB;
+    cfg.host_device_bytes = cfg.device_limit;
+    cfg.log_level = SPW_LOG_WARN;
+    int lst = spw_runtime_create(&cfg, &lender);
+    if (lst == SPW_OK) lst = spw_peer_lend(lender, rt, peer_lend);
+    if (lst != SPW_OK) {
+      bench_fail(rt, "lending peer memory", lst);
+      return 1;
+    }
+  }
   spw_stream_t s = NULL, p = NULL;
   spw_buf_t *bufs = calloc(n, sizeof *bufs);
   int st = bufs ? SPW_OK : SPW_ERR_SYSTEM;
@@ -315,6 +375,7 @@ int main(int argc, char **argv) {
              res[i].on_demand, res[i].background, res[i].clean);
     printf("\nLRU must move %.2f GiB each way per sweep (every acquire misses)\n",
            lru_bytes / BENCH_GIB);
+    if (peer_lend) print_peer_table(&link, res, done, peer_down, peer_up);
     for (size_t i = 0; i < done; i++)
       if (res[i].disk)
         printf("note: depth %" PRIu64 " went to disk (%.2f GiB): the host limit was too small\n",
@@ -336,6 +397,7 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < made; i++) spw_free(rt, bufs[i]);
   free(bufs);
   int dst = spw_runtime_destroy(rt);
+  if (dst == SPW_OK && lender) dst = spw_runtime_destroy(lender);
   if (dst != SPW_OK) bench_fail(NULL, "spw_runtime_destroy", dst);
   if (st != SPW_OK) fprintf(stderr, "oversubscribe: stopped early: %s\n", spw_err_name(st));
   return st != SPW_OK || dst != SPW_OK || bad != 0 ? 1 : 0;

@@ -23,10 +23,6 @@
 
 #include "bench_common.h"
 
-#ifdef SPW_BENCH_HAVE_CUDA
-#include <cuda_runtime_api.h>
-#endif
-
 typedef struct row {
   uint64_t size, count;
   double spill, unspill, raw_down, raw_up, reclaim_s;
@@ -40,90 +36,6 @@ typedef struct ctx {
   spw_stream_t s;
   unsigned reps;
 } ctx_t;
-
-/* ---- raw copies between the two devices ---------------------------------------------- */
-
-#ifdef SPW_BENCH_HAVE_CUDA
-static int cuda_fail(const char *what, cudaError_t e) {
-  fprintf(stderr, "%s: %s\n", what, cudaGetErrorString(e));
-  return SPW_ERR_CUDA;
-}
-
-/* `count` cudaMemcpyPeerAsync of `piece` bytes from src (device sdev) to dst (ddev), on a
- * stream of the source device, timed with events; median of reps, GB/s. */
-static int raw_peer_gbs(int ddev, void *dst, int sdev, const void *src, size_t piece,
-                        size_t count, unsigned reps, double *gbs) {
-  cudaStream_t st;
-  cudaEvent_t a, b;
-  cudaError_t e = cudaSetDevice(sdev);
-  if (e == cudaSuccess) e = cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
-  if (e != cudaSuccess) return cuda_fail("raw peer stream", e);
-  cudaEventCreate(&a);
-  cudaEventCreate(&b);
-  double t[16];
-  if (reps > 16) reps = 16;
-  for (unsigned r = 0; r <= reps && e == cudaSuccess; r++) { /* round 0 warms up */
-    e = cudaEventRecord(a, st);
-    for (size_t i = 0; i < count && e == cudaSuccess; i++)
-      e = cudaMemcpyPeerAsync((char *)dst + i * piece, ddev, (const char *)src + i * piece, sdev,
-                              piece, st);
-    if (e == cudaSuccess) e = cudaEventRecord(b, st);
-    if (e == cudaSuccess) e = cudaEventSynchronize(b);
-    float ms = 0;
-    if (e == cudaSuccess) e = cudaEventElapsedTime(&ms, a, b);
-    if (r > 0) t[r - 1] = ms / 1e3;
-  }
-  cudaEventDestroy(a);
-  cudaEventDestroy(b);
-  cudaStreamDestroy(st);
-  if (e != cudaSuccess) return cuda_fail("cudaMemcpyPeerAsync", e);
-  *gbs = bench_gbs((uint64_t)piece * count, bench_median(t, reps));
-  return SPW_OK;
-}
-
-static int peer_region(int dev, size_t bytes, void **out) {
-  cudaError_t e = cudaSetDevice(dev);
-  if (e == cudaSuccess) e = cudaMalloc(out, bytes);
-  return e == cudaSuccess ? SPW_OK : cuda_fail("cudaMalloc (raw peer region)", e);
-}
-#endif
-
-/* Raw copies of the same pieces both ways between the borrower's and the lender's device. */
-static int measure_raw(ctx_t *c, row_t *r) {
-  size_t bytes = (size_t)(r->size * r->count);
-#ifdef SPW_BENCH_HAVE_CUDA
-  if (c->env.kind == SPW_BACKEND_CUDA) {
-    void *here = NULL, *there = NULL;
-    int st = peer_region(c->env.device, bytes, &here);
-    if (st == SPW_OK) st = peer_region(c->lender_dev, bytes, &there);
-    if (st == SPW_OK)
-      st = raw_peer_gbs(c->lender_dev, there, c->env.device, here, (size_t)r->size,
-                        (size_t)r->count, c->reps, &r->raw_down);
-    if (st == SPW_OK)
-      st = raw_peer_gbs(c->env.device, here, c->lender_dev, there, (size_t)r->size,
-                        (size_t)r->count, c->reps, &r->raw_up);
-    cudaFree(here);
-    cudaFree(there);
-    cudaSetDevice(c->env.device);
-    return st;
-  }
-#endif
-  void *a = NULL, *b = NULL;
-  bench_rstream_t rs = {0};
-  int st = bench_dev_alloc(&c->env, bytes, &a);
-  if (st == SPW_OK) st = bench_dev_alloc(&c->env, bytes, &b);
-  if (st == SPW_OK) st = bench_rstream_create(&c->env, &rs);
-  if (st == SPW_OK)
-    st = bench_raw_copy_gbs(&c->env, &rs, b, a, (size_t)r->size, (size_t)r->count, c->reps,
-                            &r->raw_down);
-  if (st == SPW_OK)
-    st = bench_raw_copy_gbs(&c->env, &rs, a, b, (size_t)r->size, (size_t)r->count, c->reps,
-                            &r->raw_up);
-  bench_rstream_destroy(&c->env, &rs);
-  bench_dev_free(&c->env, a);
-  bench_dev_free(&c->env, b);
-  return st;
-}
 
 /* ---- Spillway ------------------------------------------------------------------------ */
 
@@ -218,13 +130,8 @@ int main(int argc, char **argv) {
   int cuda = c.env.kind == SPW_BACKEND_CUDA;
   static const uint64_t cuda_sizes[] = {64 * BENCH_KIB, BENCH_MIB, 16 * BENCH_MIB, 256 * BENCH_MIB};
   static const uint64_t host_sizes[] = {64 * BENCH_KIB, BENCH_MIB};
-  uint64_t sizes[BENCH_MAX_LIST], total, reps, lender_dev = (uint64_t)c.env.device;
+  uint64_t sizes[BENCH_MAX_LIST], total, reps, lender_dev = (uint64_t)bench_other_device(&c.env);
   size_t nsizes;
-  int ndev = 1;
-#ifdef SPW_BENCH_HAVE_CUDA
-  if (cuda && cudaGetDeviceCount(&ndev) != cudaSuccess) ndev = 1;
-#endif
-  if (cuda && ndev > 1) lender_dev = c.env.device == 0 ? 1 : 0;
   if (bench_opt_size_list(argc, argv, "sizes", cuda ? cuda_sizes : host_sizes, cuda ? 4 : 2,
                           sizes, &nsizes) != SPW_OK ||
       bench_opt_size(argc, argv, "total", cuda ? BENCH_GIB : 16 * BENCH_MIB, &total) != SPW_OK ||
@@ -261,7 +168,8 @@ int main(int argc, char **argv) {
   for (size_t i = 0; i < nsizes && st == SPW_OK; i++) {
     r[i].size = sizes[i];
     r[i].count = total / sizes[i] < 2 ? 2 : total / sizes[i];
-    st = measure_raw(&c, &r[i]);
+    st = bench_raw_peer_gbs(&c.env, c.env.device, c.lender_dev, (size_t)r[i].size,
+                            (size_t)r[i].count, c.reps, &r[i].raw_down, &r[i].raw_up);
     if (st == SPW_OK) st = run_size(&c, &r[i]);
     bad += r[i].bad;
   }
