@@ -29,6 +29,11 @@
 #                through the peer mapping, one way and both ways, next to the host link; with
 #                one GPU it says so and exits 0. Its options in SPW_BENCH_SIZES, SPW_BENCH_TOTAL,
 #                SPW_BENCH_REPS. Not `peers`, which runs other libraries next to Spillway
+#   peer-tier    the peer tier on a 2-GPU machine (issue 23): the tests with "peer" or
+#                "device" in their name on the CUDA backend, one at a time; bench/peer_spill
+#                (spill to and unspill from GPU 1's lent memory against raw peer copies);
+#                oversubscribe with GPU 1 lending the whole working set (SPW_PEER_LEND, default
+#                32GiB) next to the same run without it
 #   py-install, py-tests, py-dask, py-dask-multi, suite-builtin, suite-spillway,
 #   suite-compare, py-bench, py-allocators
 #                tests/python/run_gpu.sh's phases (numba-cuda's suite under both managers;
@@ -168,6 +173,22 @@ phase_peers_gpu() {
   cat "$logs/peer_bw.txt"
 }
 
+phase_peer_tier() {
+  ctest --test-dir "$build" -L gpu -R "peer|device" -j1 --output-on-failure >"$logs/ctest-peer.log" 2>&1
+  echo "peer tests rc=$?: $(grep -E 'tests passed' "$logs/ctest-peer.log")"
+  grep -E "Failed|\*\*\*|Exception|Not Run" "$logs/ctest-peer.log" | head -20
+  SPILLWAY_BACKEND=cuda timeout 240 "$build/bench/peer_spill" >"$logs/peer_spill.txt" 2>&1
+  echo "== peer_spill rc=$?"
+  tail -14 "$logs/peer_spill.txt"
+  local lend
+  for lend in 0 "${SPW_PEER_LEND:-32GiB}"; do
+    SPILLWAY_BACKEND=cuda timeout 240 "$build/bench/oversubscribe" --peer-lend="$lend" \
+      >"$logs/oversubscribe-peer$lend.txt" 2>&1
+    echo "== oversubscribe --peer-lend=$lend rc=$?"
+    tail -16 "$logs/oversubscribe-peer$lend.txt"
+  done
+}
+
 py() { OUT=$logs/python tests/python/run_gpu.sh "$@"; }
 
 phase_pack() {
@@ -189,6 +210,7 @@ for phase in "$@"; do
   soak-wait) phase_soak_wait ;;
   bench) phase_bench ;;
   peers-gpu) phase_peers_gpu ;;
+  peer-tier) phase_peer_tier ;;
   py-install) py install ;;
   py-tests) py tests ;;
   py-dask) py dask ;;
@@ -202,7 +224,7 @@ for phase in "$@"; do
   peers) OUT=$logs/peers bench/peers/run_peers.sh run -- ${SPW_PEERS_ARGS:-} ;;
   pack) phase_pack ;;
   *)
-    sed -n 3,48p "$0"
+    sed -n 3,53p "$0"
     exit 2
     ;;
   esac
