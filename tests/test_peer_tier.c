@@ -275,6 +275,15 @@ static void bad_arguments_are_refused(void) {
   ASSERT_EQ(stats_of(lender).lent_bytes, 16 * MIB);
 }
 
+static void lending_in_a_cycle_is_refused(void) {
+  spw_runtime_t *third = make_runtime(0, 16 * MIB, 16 * MIB, spill_dir);
+  ASSERT_OK(spw_peer_lend(lender, borrower, 4 * MIB));
+  ASSERT_OK(spw_peer_lend(borrower, third, 4 * MIB));
+  ASSERT_EQ(spw_peer_lend(third, lender, 4 * MIB), SPW_ERR_BUSY); /* lender -> borrower -> third */
+  ASSERT_OK(spw_runtime_destroy(third));
+  ASSERT_EQ(stats_of(borrower).lent_bytes, 0);
+}
+
 /* Two threads write, spill and check their buffers on the borrower while a third takes the
  * lent memory back and lends it again, over and over: every byte survives. */
 typedef struct churn {
@@ -348,6 +357,7 @@ static const spw_test_t tests[] = {
     TEST(destroying_the_lender_first_moves_the_buffers_on),
     TEST(destroying_the_borrower_first_gives_the_memory_back),
     TEST(bad_arguments_are_refused),
+    TEST(lending_in_a_cycle_is_refused),
     TEST(buffers_survive_memory_taken_back_and_lent_again_under_traffic),
 };
 

@@ -484,8 +484,8 @@ SPW_API int spw_wait_idle(spw_runtime_t *rt);
  * faster than host memory there). A borrower has at most one lender at a time; a lender may
  * lend to several borrowers. Thread-safe. Errors: SPW_ERR_INVALID_ARG (NULL, the same
  * runtime twice, bytes < 1 MiB or more than the lender's limit, backends of different
- * kinds), SPW_ERR_BUSY (the borrower already has a peer tier, or the lender borrows from
- * the borrower), SPW_ERR_UNSUPPORTED (the borrower's device cannot access the lender's:
+ * kinds), SPW_ERR_BUSY (the borrower already has a peer tier, or it
+ * lends to the lender, directly or through others: a cycle), SPW_ERR_UNSUPPORTED (the borrower's device cannot access the lender's:
  * no peer access; spills then keep going to host), SPW_ERR_OUT_OF_MEMORY (the lender has
  * no such room), SPW_ERR_CUDA. */
 SPW_API int spw_peer_lend(spw_runtime_t *lender, spw_runtime_t *borrower, uint64_t bytes);

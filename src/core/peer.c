@@ -182,6 +182,19 @@ static int take_back(spw_peer_link_t *l) {
 
 /* ---- lending and taking back ------------------------------------------------------------ */
 
+/* Whether `a` lends to `b`, directly or through borrowers that lend on: lending from b to a
+ * then would close a cycle, in which one's taking back waits on the other's. */
+static int lends_to(spw_runtime_t *a, spw_runtime_t *b) {
+  for (int hops = 0; b && hops < 64; hops++) {
+    pthread_rwlock_rdlock(&b->peer_rw);
+    spw_runtime_t *up = b->peer ? b->peer->lender : NULL;
+    pthread_rwlock_unlock(&b->peer_rw);
+    if (up == a) return 1;
+    b = up;
+  }
+  return 0;
+}
+
 int spw__peer_lend(spw_runtime_t *lender, spw_runtime_t *borrower, uint64_t bytes) {
   int st = borrower->ops->peer_access(borrower->be, lender->settings.device);
   if (st == SPW_ERR_UNSUPPORTED)
@@ -193,9 +206,7 @@ int spw__peer_lend(spw_runtime_t *lender, spw_runtime_t *borrower, uint64_t byte
   pthread_rwlock_rdlock(&borrower->peer_rw);
   int busy = borrower->peer != NULL;
   pthread_rwlock_unlock(&borrower->peer_rw);
-  pthread_rwlock_rdlock(&lender->peer_rw);
-  busy = busy || (lender->peer && lender->peer->lender == borrower);
-  pthread_rwlock_unlock(&lender->peer_rw);
+  busy = busy || lends_to(borrower, lender);
   if (busy) {
     pthread_mutex_unlock(&lender->lend_mu);
     return spw__set_error(borrower, SPW_ERR_BUSY, "the borrower already has a peer tier, or "
