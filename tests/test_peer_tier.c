@@ -224,6 +224,19 @@ static void on_state(void *user, const spw_state_event_t *e) {
   pthread_mutex_unlock(&ev->mu);
 }
 
+static void lending_more_than_is_free_takes_back_an_earlier_loan(void) {
+  ASSERT_OK(spw_peer_lend(lender, borrower, 48 * MIB));
+  spw_buf_t b[3];
+  fill_and_spill(b, 3);
+  spw_runtime_t *third = make_runtime(0, 16 * MIB, 16 * MIB, spill_dir);
+  ASSERT_OK(spw_peer_lend(lender, third, 32 * MIB)); /* 48 + 32 > 64: the first loan goes */
+  ASSERT_EQ(stats_of(lender).lent_bytes, 32 * MIB);
+  ASSERT_EQ(stats_of(borrower).peer_limit, 0);
+  ASSERT_EQ(count_in(b, 3, SPW_STATE_HOST), 3);
+  ASSERT_OK(spw_runtime_destroy(third));
+  expect_intact(b, 3);
+}
+
 static void controller_events_name_the_peer_tier(void) {
   events_t ev = {.mu = PTHREAD_MUTEX_INITIALIZER};
   spw_controller_t c = {.struct_size = sizeof c, .state_changed = on_state};
@@ -344,6 +357,46 @@ static void buffers_survive_memory_taken_back_and_lent_again_under_traffic(void)
   ASSERT_EQ(stats_of(lender).lent_bytes, 0);
 }
 
+/* Borrowers come and go (lend, spill, destroy) while the lender keeps needing its memory
+ * back for its own work: a take-back and a borrower's destruction never meet halfway. */
+static void *lender_under_pressure(void *arg) {
+  atomic_int *stop = arg;
+  while (!atomic_load(stop)) {
+    spw_buf_t big;
+    void *d;
+    ASSERT_OK(spw_alloc(lender, 40 * MIB, ls, &big));
+    ASSERT_OK(spw_acquire(lender, big, ls, 0, &d));
+    ASSERT_OK(spw_stream_synchronize(lender, ls));
+    ASSERT_OK(spw_free(lender, big));
+  }
+  return NULL;
+}
+
+static void borrowers_destroyed_while_the_lender_takes_memory_back(void) {
+  ASSERT_OK(spw_runtime_destroy(borrower));
+  borrower = NULL;
+  atomic_int stop = 0;
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, lender_under_pressure, &stop), 0);
+  uint64_t end = test_now_ms() + 2000;
+  /* A lend that finds the big buffer locked waits up to 2 s for releases: count rounds too. */
+  for (unsigned rounds = 0; rounds < 4 || test_now_ms() < end; rounds++) {
+    spw_runtime_t *b = make_runtime(0, 16 * MIB, 16 * MIB, spill_dir);
+    spw_stream_t st;
+    ASSERT_OK(spw_stream_create(b, &st));
+    int lent = spw_peer_lend(lender, b, 32 * MIB);
+    ASSERT_TRUE(lent == SPW_OK || lent == SPW_ERR_OUT_OF_MEMORY); /* the big buffer holds it */
+    spw_buf_t x[3];
+    for (int i = 0; i < 3; i++) x[i] = test_filled(b, st, BUF, 900 + (uint64_t)i);
+    ASSERT_OK(spw_spill_n(b, x, 3, SPW_TIER_HOST));
+    for (int i = 0; i < 3; i++) test_expect_fill(b, x[i], st, BUF, 900 + (uint64_t)i);
+    ASSERT_OK(spw_runtime_destroy(b));
+  }
+  atomic_store(&stop, 1);
+  ASSERT_EQ(pthread_join(t, NULL), 0);
+  ASSERT_EQ(stats_of(lender).lent_bytes, 0);
+}
+
 static const spw_test_t tests[] = {
     TEST(spills_go_to_lent_memory_first),
     TEST(full_lent_memory_falls_back_to_host),
@@ -353,12 +406,14 @@ static const spw_test_t tests[] = {
     TEST(reclaim_with_nowhere_to_go_fails_and_keeps_every_byte),
     TEST(explicit_spill_to_disk_of_a_peer_buffer_goes_through_the_device),
     TEST(lender_takes_its_memory_back_when_its_own_work_needs_it),
+    TEST(lending_more_than_is_free_takes_back_an_earlier_loan),
     TEST(controller_events_name_the_peer_tier),
     TEST(destroying_the_lender_first_moves_the_buffers_on),
     TEST(destroying_the_borrower_first_gives_the_memory_back),
     TEST(bad_arguments_are_refused),
     TEST(lending_in_a_cycle_is_refused),
     TEST(buffers_survive_memory_taken_back_and_lent_again_under_traffic),
+    TEST(borrowers_destroyed_while_the_lender_takes_memory_back),
 };
 
 TEST_MAIN_FIXTURE(tests, before, after)

@@ -38,6 +38,7 @@ int spw_runtime_destroy(spw_runtime_t *rt) {
   /* What it lends first: the borrowers' buffers in that memory move on to their host tiers. */
   int st = spw__peer_take_back_all(rt);
   if (st != SPW_OK) return st;
+  spw__peer_give_back_begin(rt);
   spw__runtime_close(rt);
   return SPW_OK;
 }

@@ -141,10 +141,19 @@ static void set_closing(spw_peer_link_t *l, int closing) {
   pthread_rwlock_unlock(&b->peer_rw);
 }
 
+/* Takes l off its lender's list (lend_mu held). */
+static void unlist(spw_peer_link_t *l) {
+  for (spw_peer_link_t **p = &l->lender->lent; *p; p = &(*p)->next)
+    if (*p == l) {
+      *p = l->next;
+      return;
+    }
+}
+
 /* Empties link l and gives its memory back. Called with the lender's lend_mu held. On a
  * failure the link stays, open again, with whatever could not move still in it. */
 static int take_back(spw_peer_link_t *l) {
-  spw_runtime_t *b = l->borrower, *lender = l->lender;
+  spw_runtime_t *b = l->borrower;
   set_closing(l, 1);
   uint64_t start = spw__now_ns();
   int st = SPW_OK;
@@ -163,20 +172,8 @@ static int take_back(spw_peer_link_t *l) {
     set_closing(l, 0);
     return st;
   }
-  pthread_rwlock_wrlock(&b->peer_rw);
-  b->peer = NULL;
-  atomic_store_explicit(&b->peer_on, 0, memory_order_release);
-  pthread_rwlock_unlock(&b->peer_rw);
-  for (spw_peer_link_t **p = &lender->lent; *p; p = &(*p)->next)
-    if (*p == l) {
-      *p = l->next;
-      break;
-    }
-  spw__arena_destroy(l->arena);
-  (void)lender->ops->peer_free(lender->be, l->base);
-  atomic_fetch_sub(&lender->lent_bytes, l->bytes);
-  spw__budget_credit(lender, l->bytes);
-  free(l);
+  unlist(l);
+  spw__peer_give_back_end(b);
   return SPW_OK;
 }
 
@@ -202,6 +199,10 @@ int spw__peer_lend(spw_runtime_t *lender, spw_runtime_t *borrower, uint64_t byte
                           "access): spills keep going to host memory",
                           borrower->settings.device, lender->settings.device);
   if (st != SPW_OK) return st;
+  /* The lender's room first, before lend_mu: making it may spill the lender's buffers or
+   * take back what it lent to others, which takes lend_mu. It comes back on failure. */
+  st = spw__budget_reserve(lender, bytes, 0);
+  if (st != SPW_OK) return st;
   pthread_mutex_lock(&lender->lend_mu);
   pthread_rwlock_rdlock(&borrower->peer_rw);
   int busy = borrower->peer != NULL;
@@ -209,19 +210,14 @@ int spw__peer_lend(spw_runtime_t *lender, spw_runtime_t *borrower, uint64_t byte
   busy = busy || lends_to(borrower, lender);
   if (busy) {
     pthread_mutex_unlock(&lender->lend_mu);
+    spw__budget_credit(lender, bytes);
     return spw__set_error(borrower, SPW_ERR_BUSY, "the borrower already has a peer tier, or "
-                          "lends to this lender");
+                          "lends to this lender (directly or through others)");
   }
-  /* The lender's own room first: it may spill its buffers, and comes back on failure. */
-  st = spw__budget_reserve(lender, bytes, 0);
-  int reserved = st == SPW_OK;
-  spw_peer_link_t *l = NULL;
   spw_host_arena_t *arena = NULL;
   void *mem = NULL;
-  if (st == SPW_OK) {
-    l = calloc(1, sizeof *l);
-    st = l ? lender->ops->peer_alloc(lender->be, (size_t)bytes + PEER_ALIGN, &mem) : SPW_ERR_SYSTEM;
-  }
+  spw_peer_link_t *l = calloc(1, sizeof *l);
+  st = l ? lender->ops->peer_alloc(lender->be, (size_t)bytes + PEER_ALIGN, &mem) : SPW_ERR_SYSTEM;
   if (st == SPW_OK) {
     void *base = (void *)(((uintptr_t)mem + PEER_ALIGN - 1) & ~(PEER_ALIGN - 1));
     st = spw__arena_create_borrowed(base, (size_t)bytes, &arena);
@@ -229,8 +225,8 @@ int spw__peer_lend(spw_runtime_t *lender, spw_runtime_t *borrower, uint64_t byte
   if (st != SPW_OK) {
     if (mem) (void)lender->ops->peer_free(lender->be, mem);
     free(l);
-    if (reserved) spw__budget_credit(lender, bytes);
     pthread_mutex_unlock(&lender->lend_mu);
+    spw__budget_credit(lender, bytes);
     return st;
   }
   *l = (spw_peer_link_t){.lender = lender, .borrower = borrower, .base = mem, .bytes = bytes,
@@ -275,10 +271,39 @@ int spw__peer_take_back_all(spw_runtime_t *rt) {
   return st;
 }
 
-void spw__peer_give_back(spw_runtime_t *rt) {
+static spw_peer_link_t *peer_of(spw_runtime_t *rt) {
   pthread_rwlock_rdlock(&rt->peer_rw);
-  spw_runtime_t *lender = rt->peer ? rt->peer->lender : NULL;
+  spw_peer_link_t *l = rt->peer;
   pthread_rwlock_unlock(&rt->peer_rw);
-  /* Every buffer is gone, so the link is empty and taking it back moves nothing. */
-  if (lender) (void)spw__peer_reclaim(lender, rt);
+  return l;
+}
+
+void spw__peer_give_back_begin(spw_runtime_t *rt) {
+  spw_peer_link_t *l = peer_of(rt);
+  if (!l) return;
+  spw_runtime_t *lender = l->lender; /* alive: not destroyed while rt is */
+  /* Off the lender's list under its lend_mu: a take-back of the lender's that is under way
+   * ends first (and may have given the memory back: read the link again), and none starts
+   * on this runtime while it closes. */
+  pthread_mutex_lock(&lender->lend_mu);
+  l = peer_of(rt);
+  if (l) unlist(l);
+  pthread_mutex_unlock(&lender->lend_mu);
+  if (l) set_closing(l, 1);
+}
+
+void spw__peer_give_back_end(spw_runtime_t *rt) {
+  pthread_rwlock_wrlock(&rt->peer_rw);
+  spw_peer_link_t *l = rt->peer;
+  rt->peer = NULL;
+  atomic_store_explicit(&rt->peer_on, 0, memory_order_release);
+  pthread_rwlock_unlock(&rt->peer_rw);
+  if (!l) return;
+  /* Every buffer of rt is freed by now, so the arena is empty. */
+  spw_runtime_t *lender = l->lender;
+  spw__arena_destroy(l->arena);
+  (void)lender->ops->peer_free(lender->be, l->base);
+  atomic_fetch_sub(&lender->lent_bytes, l->bytes);
+  spw__budget_credit(lender, l->bytes);
+  free(l);
 }

@@ -31,14 +31,17 @@ struct spw_peer_link {
 int spw__peer_lend(spw_runtime_t *lender, spw_runtime_t *borrower, uint64_t bytes);
 int spw__peer_reclaim(spw_runtime_t *lender, spw_runtime_t *borrower);
 
-/* Set-up and tear-down of a runtime's peer state (runtime.c). At destruction, first
- * spw__peer_take_back_all (what `rt` lends; it fails, leaving the rest lent, when lent
- * memory holds buffers that cannot move on), then, once every buffer of `rt` is freed,
- * spw__peer_give_back (what it borrows). A lender and its borrower must not be destroyed
- * at the same time from two threads. */
+/* Set-up and tear-down of a runtime's peer state (runtime.c, runtime_api.c). At
+ * destruction: spw__peer_take_back_all (what `rt` lends; it fails, leaving the rest lent,
+ * when lent memory holds buffers that cannot move on), then spw__peer_give_back_begin
+ * (what it borrows leaves its lender's list, so no take-back of the lender's works on `rt`
+ * while it closes), and once every buffer of `rt` is freed spw__peer_give_back_end (the
+ * memory goes back). A lender and its borrower must not be destroyed at the same time from
+ * two threads; either may be destroyed while the other works. */
 int spw__peer_init(spw_runtime_t *rt);
 int spw__peer_take_back_all(spw_runtime_t *rt);
-void spw__peer_give_back(spw_runtime_t *rt);
+void spw__peer_give_back_begin(spw_runtime_t *rt);
+void spw__peer_give_back_end(spw_runtime_t *rt);
 void spw__peer_fini(spw_runtime_t *rt);
 
 /* Extents in the borrowed peer memory for up to n requests, from the first, as far as it

@@ -210,7 +210,7 @@ void spw__runtime_close(spw_runtime_t *rt) {
     spw__disk_free(rt->disk, &s->disk);
     s->dptr = NULL;
   }
-  spw__peer_give_back(rt);
+  spw__peer_give_back_end(rt);
   spw__streams_foreach(&rt->streams, destroy_owned_stream, rt);
   close_parts(rt);
   free_shell(rt);
