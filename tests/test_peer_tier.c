@@ -103,6 +103,11 @@ static void spills_go_to_lent_memory_first(void) {
   ASSERT_EQ(st.peer_spills, 4);
   ASSERT_EQ(st.peer_limit, 16 * MIB);
   ASSERT_EQ(stats_of(lender).lent_bytes, 16 * MIB);
+  char line[512];
+  ASSERT_OK(spw_stats_summary(borrower, line, sizeof line));
+  ASSERT_TRUE(strstr(line, "; peer 8.0 MiB of 16.0 MiB (4 spills") != NULL);
+  ASSERT_OK(spw_stats_summary(lender, line, sizeof line));
+  ASSERT_TRUE(strstr(line, "; lent 16.0 MiB") != NULL);
   expect_intact(b, 4); /* each comes back from the peer */
   st = stats_of(borrower);
   ASSERT_EQ(st.peer_unspills, 4);

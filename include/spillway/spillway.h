@@ -549,8 +549,9 @@ typedef struct spw_stats {
 SPW_API int spw_get_stats(spw_runtime_t *rt, spw_stats_t *out);
 
 /* Writes a one-line summary ("12 buffers; device 1.2 GiB of 4.0 GiB (locked 256.0 MiB); host
- * 3.1 GiB; disk 0 B; spilled 12.4 GiB in 210 (0.250 s, ...) ...") into `buf` (always
- * NUL-terminated when len > 0). */
+ * 3.1 GiB; disk 0 B; spilled 12.4 GiB in 210 (0.250 s, ...) ...", then "; peer ..." and
+ * "; lent ..." where the runtime has a peer tier or lends) into `buf` (always NUL-terminated
+ * when len > 0). Thread-safe. */
 SPW_API int spw_stats_summary(spw_runtime_t *rt, char *buf, size_t len);
 
 /* ---------------------------------------------------------------------------------------

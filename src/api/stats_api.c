@@ -94,5 +94,15 @@ int spw_stats_summary(spw_runtime_t *rt, char *buf, size_t len) {
            (unsigned long long)s.spills_abandoned, (unsigned long long)s.unspills,
            (unsigned long long)s.demotions, (unsigned long long)s.disk_reads,
            (unsigned long long)s.failures);
+  /* The peer tier, only where there is or was one. */
+  size_t used = strlen(buf);
+  if ((s.peer_limit || s.peer_spills || s.peer_bytes) && used + 1 < len)
+    snprintf(buf + used, len - used, "; peer %s of %s (%llu spills, %llu back, %llu moved on)",
+             human(s.peer_bytes, a, sizeof a), human(s.peer_limit, b, sizeof b),
+             (unsigned long long)s.peer_spills, (unsigned long long)s.peer_unspills,
+             (unsigned long long)s.peer_returns);
+  used = strlen(buf);
+  if (s.lent_bytes && used + 1 < len)
+    snprintf(buf + used, len - used, "; lent %s", human(s.lent_bytes, a, sizeof a));
   return SPW_OK;
 }
