@@ -564,9 +564,9 @@ static int host_stream_device(spw_backend_t *b, spw_stream_t s, int *device) {
   pthread_mutex_lock(&registry_mu);
   for (spw_backend_t *o = registry; o; o = o->reg_next) {
     if (!owns_stream(o, hs)) continue;
-    /* A stream of another backend on this same ordinal is of no device we can name apart
-     * from ours; it still must not be used here (its frees would go to the other's memory):
-     * it is unknown to this backend. */
+    /* Another backend's stream on this same ordinal would pass the caller's device check,
+     * yet must not be used here (its frees would land in the other backend's memory): it
+     * is unknown to this backend. */
     if (o == b || o->device != b->device) {
       *device = o->device;
       st = SPW_OK;
