@@ -85,7 +85,7 @@ static void every_status_has_its_name_and_text(void) {
 }
 
 static void unknown_status_gives_unknown_status(void) {
-  const int codes[] = {1, 2, -20, -1000, 12345, INT_MIN, INT_MAX};
+  const int codes[] = {1, 2, -21, -1000, 12345, INT_MIN, INT_MAX};
   for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
     ASSERT_TRUE(spw_strerror(codes[i]) != NULL);
     ASSERT_TRUE(spw_err_name(codes[i]) != NULL);
@@ -99,7 +99,7 @@ static void unknown_status_gives_unknown_status(void) {
  * success and unknown codes have none. */
 static void has_detail_names_the_statuses_that_record_one(void) {
   const int with[] = {SPW_ERR_CUDA, SPW_ERR_IO, SPW_ERR_SYSTEM, SPW_ERR_OUT_OF_MEMORY,
-                      SPW_ERR_HOST_OUT_OF_MEMORY, SPW_ERR_DISK_FULL};
+                      SPW_ERR_HOST_OUT_OF_MEMORY, SPW_ERR_DISK_FULL, SPW_ERR_WRONG_DEVICE};
   for (size_t i = 0; i < sizeof with / sizeof with[0]; i++)
     ASSERT_EQ(spw_status_has_detail(with[i]), 1);
   int counted = 0;
@@ -109,7 +109,7 @@ static void has_detail_names_the_statuses_that_record_one(void) {
   SPW_STATUS_MAP(COUNT_DETAIL)
 #undef COUNT_DETAIL
   ASSERT_EQ(counted, (int)(sizeof with / sizeof with[0]));
-  const int none[] = {SPW_OK, 1, -20, INT_MIN, INT_MAX};
+  const int none[] = {SPW_OK, 1, -21, INT_MIN, INT_MAX};
   for (size_t i = 0; i < sizeof none / sizeof none[0]; i++)
     ASSERT_EQ(spw_status_has_detail(none[i]), 0);
 }

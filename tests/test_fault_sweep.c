@@ -43,6 +43,7 @@ static void check_status(int st, const char *what) {
   case SPW_ERR_FREED:
   case SPW_ERR_NOT_LOCKED:
   case SPW_ERR_INVALID_STREAM:
+  case SPW_ERR_WRONG_DEVICE:
   case SPW_ERR_INTERNAL:
   case SPW_ERR_WOULD_DEADLOCK:
   case SPW_ERR_UNSUPPORTED:

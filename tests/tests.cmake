@@ -24,6 +24,9 @@ spw_behaviour_test(test_streams)
 spw_behaviour_test(test_trace)
 spw_behaviour_test(test_lifecycle DISK) # runtimes made and destroyed by 10 threads at once
 spw_behaviour_test(test_peer_tier DISK) # memory lent by another runtime (device 1 where lent)
+# Several devices in one process (issue 23): a runtime per device, each refusing the other's
+# streams. SEAM only to share the library's CUDA runtime: its GPU tests call cudaStreamCreate.
+spw_behaviour_test(test_multidev SEAM)
 
 # Behaviour that needs an internal seam to force what is otherwise timing or luck: faults
 # injected through the backend and the I/O layer, interleavings held still in the state

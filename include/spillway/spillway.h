@@ -24,6 +24,14 @@
  * used; NULL (the legacy default stream) is always accepted. On the host backend (device
  * memory emulated in host memory, for machines without a GPU) streams come from
  * spw_stream_create only, and NULL names a default stream the runtime owns.
+ *
+ * Several devices: a runtime serves one device (spw_config_t.device); use one runtime per
+ * device. A stream of another device is never used: spw_stream_register refuses it with
+ * SPW_ERR_WRONG_DEVICE, and every call that takes a stream returns SPW_ERR_WRONG_DEVICE
+ * for it where the backend can tell (host backend: a stream of another runtime whose device
+ * ordinal differs), else SPW_ERR_INVALID_STREAM, as for any stream unknown to the runtime.
+ * spw_last_error then names both devices. A buffer handle of another runtime, whatever
+ * its device, is SPW_ERR_INVALID_HANDLE.
  */
 #ifndef SPILLWAY_SPILLWAY_H
 #define SPILLWAY_SPILLWAY_H
@@ -74,7 +82,8 @@ extern "C" {
   X(ERR_UNSUPPORTED, -16, "operation not supported by this backend or build")                \
   X(ERR_NOT_READY, -17, "work has not completed yet")                                        \
   X(ERR_SYSTEM, -18, "operating system call failed (see spw_last_error)")                    \
-  X(ERR_INTERNAL, -19, "internal error (a bug in Spillway: please report it)")
+  X(ERR_INTERNAL, -19, "internal error (a bug in Spillway: please report it)")              \
+  X(ERR_WRONG_DEVICE, -20, "stream belongs to another device (see spw_last_error)")
 
 typedef enum spw_status {
 #define SPW__STATUS_ENUM(name, value, text) SPW_##name = (value),
@@ -89,8 +98,8 @@ SPW_API const char *spw_err_name(int status);
 
 /* Whether a call that failed with `status` left the failure's own detail (CUDA's error text,
  * the budget's numbers, the errno) in spw_last_error: 1 for SPW_ERR_CUDA, SPW_ERR_IO,
- * SPW_ERR_SYSTEM, SPW_ERR_OUT_OF_MEMORY, SPW_ERR_HOST_OUT_OF_MEMORY and SPW_ERR_DISK_FULL,
- * else 0 (then spw_last_error may hold an earlier failure's text, which the thread's text
+ * SPW_ERR_SYSTEM, SPW_ERR_OUT_OF_MEMORY, SPW_ERR_HOST_OUT_OF_MEMORY, SPW_ERR_DISK_FULL and
+ * SPW_ERR_WRONG_DEVICE (the two devices), else 0 (then spw_last_error may hold an earlier failure's text, which the thread's text
  * is never cleared of, and spw_strerror says all there is). Unknown codes give 0; there is
  * no error. Thread-safe: a pure function of its argument. */
 SPW_API int spw_status_has_detail(int status);
@@ -268,6 +277,10 @@ SPW_API int spw_stream_destroy(spw_runtime_t *rt, spw_stream_t stream);
 
 /* CUDA backend: makes a stream the application created known to the runtime so it may be
  * passed to acquire. Registering twice is SPW_OK. Host backend: SPW_ERR_UNSUPPORTED.
+ * A stream created on another device than the runtime's is refused with
+ * SPW_ERR_WRONG_DEVICE (spw_last_error names both devices); a handle CUDA does not know is
+ * SPW_ERR_INVALID_STREAM. The device is checked here, once per stream (cudaStreamGetDevice,
+ * CUDA 12.8 and later; a build against an older CUDA takes the stream on trust).
  * Up to 4096 streams may be known to a runtime at once (created or registered, not yet
  * destroyed or unregistered); past that, SPW_ERR_BUSY. */
 SPW_API int spw_stream_register(spw_runtime_t *rt, spw_stream_t stream);

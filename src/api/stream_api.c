@@ -3,6 +3,10 @@
  * (spw_stream_synchronize), the non-blocking release (spw_stream_release_async), and the
  * two stream-ordered helpers (host functions, copies).
  *
+ * A stream is checked for the runtime's device once, when it first enters the stream table
+ * (spw_stream_register; a created stream is the backend's own); the table then holds only
+ * streams of this device, and a stream not in it gets the reason from spw__stream_unknown.
+ *
  * Both release paths detach the stream's lock map first and only then wait: a lock taken on
  * the stream by another thread while we wait belongs to work enqueued after our sync point
  * and must survive it. */
@@ -33,6 +37,35 @@ static int sync_and_unlock(spw_runtime_t *rt, spw_stream_entry_t *e) {
   spw__unlock_list(rt, list, n, 1);
   spw__completions_flush_stream(rt->completions, e->bstream, mark);
   return SPW_OK;
+}
+
+static int wrong_device(spw_runtime_t *rt, spw_stream_t s, int device) {
+  return spw__set_error(rt, SPW_ERR_WRONG_DEVICE,
+                        "stream %p belongs to device %d; this runtime runs on device %d",
+                        (void *)s, device, rt->settings.device);
+}
+
+int spw__stream_unknown(spw_runtime_t *rt, spw_stream_t s) {
+  /* Only the host backend is asked: it compares `s` with the addresses of its live streams,
+   * while CUDA's answer (cudaStreamGetDevice) would read a handle the application may have
+   * destroyed. A CUDA stream of another device never gets this far unnoticed: it cannot be
+   * registered. */
+  int device;
+  if (rt->kind == SPW_BACKEND_HOST && rt->ops->stream_device(rt->be, s, &device) == SPW_OK &&
+      device != rt->settings.device)
+    return wrong_device(rt, s, device);
+  return SPW_ERR_INVALID_STREAM;
+}
+
+/* Refuses a stream of another device before it enters the table. Concurrent first uses of
+ * one stream each ask (a read-only query) and agree; the table's insert lock then lets one
+ * of them add it. */
+static int check_device(spw_runtime_t *rt, spw_stream_t s) {
+  int device = -1;
+  int st = rt->ops->stream_device(rt->be, s, &device);
+  if (st == SPW_ERR_UNSUPPORTED) return SPW_OK; /* CUDA < 12.8 cannot say: taken on trust */
+  if (st != SPW_OK) return st;
+  return device == rt->settings.device ? SPW_OK : wrong_device(rt, s, device);
 }
 
 int spw_stream_create(spw_runtime_t *rt, spw_stream_t *out) {
@@ -68,6 +101,10 @@ int spw_stream_register(spw_runtime_t *rt, spw_stream_t stream) {
   if (!rt) return SPW_ERR_INVALID_ARG;
   if (rt->kind != SPW_BACKEND_CUDA) return SPW_ERR_UNSUPPORTED;
   if (stream == NULL) return SPW_OK;
+  /* Known already: its device was checked when it came in. */
+  if (spw__streams_find(&rt->streams, stream)) return SPW_OK;
+  int st = check_device(rt, stream);
+  if (st != SPW_OK) return st;
   spw_stream_entry_t *e;
   int existed;
   return spw__streams_insert(&rt->streams, stream, stream, 0, &e, &existed);

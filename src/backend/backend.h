@@ -80,6 +80,16 @@ typedef struct spw_backend_ops {
   /* Waits for the stream's work, then destroys it. */
   int (*stream_destroy)(spw_backend_t *b, spw_stream_t s);
   int (*stream_sync)(spw_backend_t *b, spw_stream_t s);
+  /* The device ordinal `s` belongs to, for refusing another device's stream. cuda:
+   * cudaStreamGetDevice, so `s` must be a live stream or the handle is read after its
+   * destruction (a handle CUDA rejects gives SPW_ERR_INVALID_STREAM, unreported; a build
+   * against CUDA older than 12.8 gives SPW_ERR_UNSUPPORTED); the legacy and per-thread
+   * streams are the backend's device, which every op makes current. host: any value may
+   * be asked about, since only the addresses of live streams are compared: a stream of this
+   * backend or of another host backend on another ordinal gives that ordinal; anything else
+   * (another host backend's stream on this same ordinal included, as it emulates other
+   * memory) is SPW_ERR_INVALID_STREAM. */
+  int (*stream_device)(spw_backend_t *b, spw_stream_t s, int *device);
 
   /* Events: created without timing; record, query (SPW_OK when complete, SPW_ERR_NOT_READY
    * while pending), block until complete, make a stream wait. An event never recorded is

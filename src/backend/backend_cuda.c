@@ -466,6 +466,27 @@ static int cuda_stream_sync(spw_backend_t *b, spw_stream_t st) {
   return s != SPW_OK ? s : check(cb, cudaStreamSynchronize(st));
 }
 
+static int cuda_stream_device(spw_backend_t *b, spw_stream_t st, int *device) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  /* NULL, cudaStreamLegacy and cudaStreamPerThread name the current device's stream, and
+   * every op makes this backend's device current first. */
+  if (st == NULL || st == cudaStreamLegacy || st == cudaStreamPerThread) {
+    *device = cb->device;
+    return SPW_OK;
+  }
+#if CUDART_VERSION >= 12080
+  cudaError_t e = cudaStreamGetDevice(st, device);
+  if (e == cudaErrorInvalidResourceHandle || e == cudaErrorContextIsDestroyed) {
+    (void)cudaGetLastError(); /* the application's mistake, not a device failure */
+    return SPW_ERR_INVALID_STREAM;
+  }
+  return check(cb, e);
+#else
+  (void)device;
+  return SPW_ERR_UNSUPPORTED;
+#endif
+}
+
 static int cuda_event_create(spw_backend_t *b, spw_bevent_t **out) {
   spw_cuda_backend_t *cb = cb_of(b);
   if (!out) return SPW_ERR_INVALID_ARG;
@@ -623,6 +644,7 @@ const spw_backend_ops_t spw__backend_cuda_ops = {
     .stream_create = cuda_stream_create,
     .stream_destroy = cuda_stream_destroy,
     .stream_sync = cuda_stream_sync,
+    .stream_device = cuda_stream_device,
     .event_create = cuda_event_create,
     .event_destroy = cuda_event_destroy,
     .event_record = cuda_event_record,

@@ -81,6 +81,9 @@ static int sh_stream_create(spw_backend_t *b, spw_stream_t *out) {
 static int sh_stream_destroy(spw_backend_t *b, spw_stream_t st) {
   return SHIM(b)->ops->stream_destroy(INNER(b), st);
 }
+static int sh_stream_device(spw_backend_t *b, spw_stream_t st, int *device) {
+  return SHIM(b)->ops->stream_device(INNER(b), st, device);
+}
 static int sh_stream_sync(spw_backend_t *b, spw_stream_t st) {
   FAIL_IF(SPW_FAULT_STREAM_SYNC, st, SPW_ERR_CUDA);
   return SHIM(b)->ops->stream_sync(INNER(b), st);
@@ -180,6 +183,7 @@ static const spw_backend_ops_t shim_ops = {
     .default_stream = sh_default_stream,
     .stream_create = sh_stream_create,
     .stream_destroy = sh_stream_destroy,
+    .stream_device = sh_stream_device,
     .stream_sync = sh_stream_sync,
     .event_create = sh_event_create,
     .event_destroy = sh_event_destroy,

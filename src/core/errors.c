@@ -50,6 +50,7 @@ void spw__set_async_error(spw_runtime_t *rt, int status) {
   case SPW_ERR_FREED:
   case SPW_ERR_NOT_LOCKED:
   case SPW_ERR_INVALID_STREAM:
+  case SPW_ERR_WRONG_DEVICE:
     /* Background work validates nothing the caller gave it: such a status from below is a
      * fault of Spillway's, and must not look like the application's mistake. */
     spw__log(&rt->log, SPW_LOG_ERROR, "background work failed with %s: internal error",

@@ -40,6 +40,7 @@ SPW_API int spw_status_has_detail(int status) {
   case SPW_ERR_OUT_OF_MEMORY:
   case SPW_ERR_HOST_OUT_OF_MEMORY:
   case SPW_ERR_DISK_FULL:
+  case SPW_ERR_WRONG_DEVICE:
     return 1;
   default:
     return 0;

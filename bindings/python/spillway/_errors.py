@@ -19,7 +19,7 @@ __all__ = [
     "NotLockedError", "InvalidStreamError", "OutOfMemoryError", "HostOutOfMemoryError",
     "DiskFullError", "CudaError", "IOError_", "NoDeviceError", "ConfigError", "BusyError",
     "LockedError", "WouldDeadlockError", "UnsupportedError", "NotReadyError", "SystemError_",
-    "InternalError", "error_class",
+    "InternalError", "WrongDeviceError", "error_class",
 ]
 
 
@@ -137,6 +137,11 @@ class InternalError(SpillwayError, RuntimeError):
     status = _c.SPW_ERR_INTERNAL
 
 
+class WrongDeviceError(SpillwayError, ValueError):
+    """SPW_ERR_WRONG_DEVICE: a stream of another device (the detail names both)."""
+    status = _c.SPW_ERR_WRONG_DEVICE
+
+
 # The names Python shows are spillway.X; IOError and SystemError keep their status names
 # though the package exports them with a trailing underscore (the built-ins' names).
 IOError_.__name__ = IOError_.__qualname__ = "IOError"
@@ -146,7 +151,7 @@ _BY_STATUS: Dict[int, Type[SpillwayError]] = {cls.status: cls for cls in (
     InvalidArgumentError, InvalidHandleError, FreedError, NotLockedError, InvalidStreamError,
     OutOfMemoryError, HostOutOfMemoryError, DiskFullError, CudaError, IOError_, NoDeviceError,
     ConfigError, BusyError, LockedError, WouldDeadlockError, UnsupportedError, NotReadyError,
-    SystemError_, InternalError)}
+    SystemError_, InternalError, WrongDeviceError)}
 
 
 def error_class(status: int) -> Type[SpillwayError]:

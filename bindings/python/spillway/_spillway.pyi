@@ -40,6 +40,7 @@ SPW_ERR_UNSUPPORTED: int
 SPW_ERR_NOT_READY: int
 SPW_ERR_SYSTEM: int
 SPW_ERR_INTERNAL: int
+SPW_ERR_WRONG_DEVICE: int
 
 def err_name(status: int) -> str: ...
 def strerror(status: int) -> str: ...

@@ -143,8 +143,10 @@ int spwpy_stream_from(PyObject *obj, spw_stream_t *out);
 typedef int (*spwpy_stream_op_t)(spwpy_runtime_t *r, spw_stream_t stream, void *ctx);
 int spwpy_on_stream(spwpy_runtime_t *r, spw_stream_t stream, spwpy_stream_op_t op, void *ctx,
                     int nogil);
-/* Registers `stream` after `status` said it is unknown; 1 if a retry makes sense. */
-int spwpy_stream_adopt(spwpy_runtime_t *r, spw_stream_t stream, int status);
+/* Registers `stream` after *status said it is unknown; 1 if a retry makes sense. When the
+ * registration is refused because the stream belongs to another device, *status becomes
+ * SPW_ERR_WRONG_DEVICE, the clearer reason. */
+int spwpy_stream_adopt(spwpy_runtime_t *r, spw_stream_t stream, int *status);
 
 /* Acquires with the GIL held if the buffer is on the device, else releases the GIL and
  * waits. Adopts unknown application streams. Returns a status. */

@@ -36,7 +36,7 @@ const spwpy_named_t spwpy_log_levels[] = {
 
 /* ---- errors ---------------------------------------------------------------------------- */
 
-/* Status codes run from 0 down to -19 (SPW_STATUS_MAP); index by -status. */
+/* Status codes run from 0 down to -20 (SPW_STATUS_MAP); index by -status. */
 #define SPWPY_NSTATUS 32
 static PyObject *error_classes[SPWPY_NSTATUS];
 static PyObject *base_error; /* spillway.SpillwayError, for unknown codes */
@@ -301,9 +301,11 @@ int spwpy_stream_from(PyObject *obj, spw_stream_t *out) {
   return -1;
 }
 
-int spwpy_stream_adopt(spwpy_runtime_t *r, spw_stream_t stream, int status) {
-  if (status != SPW_ERR_INVALID_STREAM || !stream || r->backend != SPW_BACKEND_CUDA) return 0;
-  return spw_stream_register(r->rt, stream) == SPW_OK;
+int spwpy_stream_adopt(spwpy_runtime_t *r, spw_stream_t stream, int *status) {
+  if (*status != SPW_ERR_INVALID_STREAM || !stream || r->backend != SPW_BACKEND_CUDA) return 0;
+  int st = spw_stream_register(r->rt, stream);
+  if (st == SPW_ERR_WRONG_DEVICE) *status = st;
+  return st == SPW_OK;
 }
 
 static int call_once(spwpy_runtime_t *r, spw_stream_t stream, spwpy_stream_op_t op, void *ctx,
@@ -319,7 +321,7 @@ static int call_once(spwpy_runtime_t *r, spw_stream_t stream, spwpy_stream_op_t 
 int spwpy_on_stream(spwpy_runtime_t *r, spw_stream_t stream, spwpy_stream_op_t op, void *ctx,
                     int nogil) {
   int st = call_once(r, stream, op, ctx, nogil);
-  if (spwpy_stream_adopt(r, stream, st)) st = call_once(r, stream, op, ctx, nogil);
+  if (spwpy_stream_adopt(r, stream, &st)) st = call_once(r, stream, op, ctx, nogil);
   return st;
 }
 

@@ -408,7 +408,7 @@ static PyObject *runtime_release_async(PyObject *self, PyObject *const *args, Py
   if (parse_stream_arg(args, nargs, kwnames, "release_async", &s) < 0) return NULL;
   LIVE(r);
   int st = spw_stream_release_async(r->rt, s);
-  if (st == SPW_ERR_INVALID_STREAM && spwpy_stream_adopt(r, s, st)) st = SPW_OK; /* no locks */
+  if (st == SPW_ERR_INVALID_STREAM && spwpy_stream_adopt(r, s, &st)) st = SPW_OK; /* no locks */
   if (st != SPW_OK) return spwpy_raise(r->rt, st);
   Py_RETURN_NONE;
 }
