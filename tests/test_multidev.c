@@ -159,10 +159,11 @@ static void every_stream_call_refuses(spw_runtime_t *rt, spw_stream_t own, spw_s
   ASSERT_OK(spw_free(rt, buf));
 }
 
-/* Host backend: a stream of the device-1 runtime, handed to the device-0 runtime, is
- * refused by every call with SPW_ERR_WRONG_DEVICE, and spw_last_error names both devices.
- * CUDA backend: such a stream is unknown until registered, and registering it is refused
- * with SPW_ERR_WRONG_DEVICE. */
+/* CUDA backend: a stream of the device-1 runtime, handed to the device-0 runtime, is unknown
+ * until registered, registering it is refused with SPW_ERR_WRONG_DEVICE, and spw_last_error
+ * names both devices. Host backend: every stream of another runtime is unknown to this one
+ * (each emulates its own memory; registering is a CUDA call), so every call refuses it
+ * with SPW_ERR_INVALID_STREAM. */
 static void stream_of_another_device_is_wrong_device(void) {
   int other = second_device();
   spw_runtime_t *a = runtime_on(0), *b = runtime_on(other);
@@ -170,16 +171,16 @@ static void stream_of_another_device_is_wrong_device(void) {
   ASSERT_OK(spw_stream_create(a, &sa));
   ASSERT_OK(spw_stream_create(b, &sb));
   if (test_backend() == SPW_BACKEND_HOST) {
-    every_stream_call_refuses(a, sa, sb, SPW_ERR_WRONG_DEVICE);
+    every_stream_call_refuses(a, sa, sb, SPW_ERR_INVALID_STREAM);
     ASSERT_STATUS(spw_stream_register(a, sb), SPW_ERR_UNSUPPORTED);
   } else {
     ASSERT_STATUS(spw_stream_register(a, sb), SPW_ERR_WRONG_DEVICE);
+    const char *why = spw_last_error(a);
+    ASSERT_TRUE(strstr(why, "belongs to device 1") != NULL);
+    ASSERT_TRUE(strstr(why, "runs on device 0") != NULL);
     every_stream_call_refuses(a, sa, sb, SPW_ERR_INVALID_STREAM);
     ASSERT_STATUS(spw_stream_register(a, sb), SPW_ERR_WRONG_DEVICE);
   }
-  const char *why = spw_last_error(a);
-  ASSERT_TRUE(strstr(why, "belongs to device 1") != NULL);
-  ASSERT_TRUE(strstr(why, "runs on device 0") != NULL);
   ASSERT_EQ(spw_status_has_detail(SPW_ERR_WRONG_DEVICE), 1);
   /* The other runtime's own use of its stream is unaffected. */
   spw_buf_t buf = test_filled(b, sb, BUF_BYTES, 3);
@@ -331,9 +332,8 @@ static void two_runtimes_work_at_once_from_two_threads(void) {
   spw_stream_t fa, fb; /* a stream of each, handed to the other */
   ASSERT_OK(spw_stream_create(a, &fa));
   ASSERT_OK(spw_stream_create(b, &fb));
-  /* Host: another ordinal is WRONG_DEVICE, the same one unknown; CUDA: never registered. */
-  int refused = (test_backend() == SPW_BACKEND_HOST && other != 0) ? SPW_ERR_WRONG_DEVICE
-                                                                   : SPW_ERR_INVALID_STREAM;
+  /* Host: another runtime's stream is unknown; CUDA: it was never registered. */
+  int refused = SPW_ERR_INVALID_STREAM;
   atomic_int go = 0;
   worker_t wa = {a, 1000, fb, refused, &go}, wb = {b, 5000, fa, refused, &go};
   pthread_t ta, tb;
@@ -375,7 +375,7 @@ static void host_device_check_is_safe_while_the_owner_churns_streams(void) {
   ASSERT_EQ(pthread_create(&t, NULL, churn_main, &c), 0);
   for (int i = 0; i < 2000; i++) {
     void *d = NULL;
-    ASSERT_STATUS(spw_acquire(a, buf, sb, 0, &d), SPW_ERR_WRONG_DEVICE);
+    ASSERT_STATUS(spw_acquire(a, buf, sb, 0, &d), SPW_ERR_INVALID_STREAM);
   }
   atomic_store(&stop, 1);
   ASSERT_EQ(pthread_join(t, NULL), 0);

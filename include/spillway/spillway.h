@@ -435,10 +435,11 @@ SPW_API int spw_release_n_async(spw_runtime_t *rt, const spw_buf_t *bufs, size_t
  * ------------------------------------------------------------------------------------- */
 
 /* Asks the engine to move an unlocked buffer down to `tier` (HOST or DISK), asynchronously.
+ * HOST means off the device: into lent peer memory first where the runtime has some.
  * Completion is observable through spw_buf_state, the controller's state_changed callback
  * or spw_wait_idle; a failure of the background work is reported through the controller and
  * spw_async_error, and the buffer stays where it was. A buffer already at or below `tier`
- * is SPW_OK. Errors: SPW_ERR_LOCKED, SPW_ERR_INVALID_ARG (tier DEVICE), handle errors.
+ * is SPW_OK. Errors: SPW_ERR_LOCKED, SPW_ERR_INVALID_ARG (tier DEVICE or PEER), handle errors.
  * If the disk tier cannot be opened (spill directory missing, io_uring refused under
  * SPW_IO_URING), a spill to DISK fails in the background with that reason. May be called
  * from a controller callback. */

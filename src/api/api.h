@@ -7,19 +7,14 @@
 
 #include "runtime.h"
 
-/* Why a stream the application passed is not in the table (stream_api.c): SPW_ERR_WRONG_DEVICE
- * when the backend can tell it belongs to another device (spw_last_error names both), else
- * SPW_ERR_INVALID_STREAM. */
-int spw__stream_unknown(spw_runtime_t *rt, spw_stream_t s);
-
-/* The live entry of a stream the application passed, or why there is none. The table holds
- * only streams of the runtime's device (created by it, or checked when registered), so
+/* The live entry of a stream the application passed, or SPW_ERR_INVALID_STREAM. The table
+ * holds only streams of the runtime's device (created by it, or checked when registered), so
  * finding the entry is the whole device check: it costs nothing per call. */
 static inline int spw__stream_entry(spw_runtime_t *rt, spw_stream_t s, spw_stream_entry_t **out) {
   spw_stream_entry_t *e = spw__streams_find(&rt->streams, s);
   if (!e) {
     *out = NULL; /* never read: callers stop at the error; the compiler cannot see that */
-    return spw__stream_unknown(rt, s);
+    return SPW_ERR_INVALID_STREAM;
   }
   *out = e;
   return SPW_OK;

@@ -5,8 +5,17 @@
 #include "api.h"
 #include "jobs.h"
 
+/* A spill's target: host (lent peer memory first, where there is some) or disk. */
+static int bad_target(spw_runtime_t *rt, spw_tier_t tier) {
+  if (tier == SPW_TIER_PEER)
+    return spw__set_error(rt, SPW_ERR_INVALID_ARG, "a spill goes to SPW_TIER_HOST (lent peer "
+                          "memory first, where there is some) or SPW_TIER_DISK");
+  return SPW_ERR_INVALID_ARG;
+}
+
 int spw_spill(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t tier) {
-  if (!rt || (tier != SPW_TIER_HOST && tier != SPW_TIER_DISK)) return SPW_ERR_INVALID_ARG;
+  if (!rt) return SPW_ERR_INVALID_ARG;
+  if (tier != SPW_TIER_HOST && tier != SPW_TIER_DISK) return bad_target(rt, tier);
   spw_slot_t *s;
   uint64_t w;
   int st = spw__handles_lookup(&rt->handles, buf, &s, &w);
@@ -60,6 +69,7 @@ static int check_all(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n) {
 }
 
 int spw_spill_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, spw_tier_t tier) {
+  if (rt && tier != SPW_TIER_HOST && tier != SPW_TIER_DISK) return bad_target(rt, tier);
   if (!rt || !bufs || n == 0 || (tier != SPW_TIER_HOST && tier != SPW_TIER_DISK))
     return SPW_ERR_INVALID_ARG;
   int st = check_all(rt, bufs, n);

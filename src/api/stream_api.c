@@ -5,7 +5,8 @@
  *
  * A stream is checked for the runtime's device once, when it first enters the stream table
  * (spw_stream_register; a created stream is the backend's own); the table then holds only
- * streams of this device, and a stream not in it gets the reason from spw__stream_unknown.
+ * streams of this device, and a stream not in it is SPW_ERR_INVALID_STREAM (asking CUDA about
+ * a handle the runtime does not know could read one the application destroyed).
  *
  * Both release paths detach the stream's lock map first and only then wait: a lock taken on
  * the stream by another thread while we wait belongs to work enqueued after our sync point
@@ -43,18 +44,6 @@ static int wrong_device(spw_runtime_t *rt, spw_stream_t s, int device) {
   return spw__set_error(rt, SPW_ERR_WRONG_DEVICE,
                         "stream %p belongs to device %d; this runtime runs on device %d",
                         (void *)s, device, rt->settings.device);
-}
-
-int spw__stream_unknown(spw_runtime_t *rt, spw_stream_t s) {
-  /* Only the host backend is asked: it compares `s` with the addresses of its live streams,
-   * while CUDA's answer (cudaStreamGetDevice) would read a handle the application may have
-   * destroyed. A CUDA stream of another device never gets this far unnoticed: it cannot be
-   * registered. */
-  int device;
-  if (rt->kind == SPW_BACKEND_HOST && rt->ops->stream_device(rt->be, s, &device) == SPW_OK &&
-      device != rt->settings.device)
-    return wrong_device(rt, s, device);
-  return SPW_ERR_INVALID_STREAM;
 }
 
 /* Refuses a stream of another device before it enters the table. Concurrent first uses of

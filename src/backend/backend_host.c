@@ -17,12 +17,8 @@
  *    stays usable after its stream is destroyed, as in CUDA;
  *  - allocated <= capacity; capacity is taken when alloc_async is called and given back when
  *    the stream reaches the free.
- * Every live backend of the process is on one registry, so that stream_device can tell this
- * backend's streams from another's (another runtime's, in the same process) by comparing
- * addresses with the live streams', never by reading what the application passed.
- * Locks: registry_mu (the registry), backend.mu (stream list, allocation list, allocated),
- * stream.mu (queue, counters, free ops), event.mu (its stream and seq). registry_mu may be
- * held while taking a backend.mu; no other code path holds two of them at once, and none
+ * Locks: backend.mu (stream list, allocation list, allocated), stream.mu (queue, counters,
+ * free ops), event.mu (its stream and seq). No code path holds two of them at once, and none
  * is held while a host func or the error sink runs.
  */
 #include <errno.h>
@@ -132,8 +128,6 @@ struct spw_backend {
   void *err_ctx;
 
   int device; /* the ordinal asked for: what stream_device answers for this backend's streams */
-  struct spw_backend *reg_prev, *reg_next; /* the registry, under registry_mu */
-  bool registered;
 
   uint64_t capacity;
   host_stream_t *default_stream;
@@ -151,31 +145,6 @@ struct spw_backend {
   uint64_t *vm_free;          /* offsets given back, reused first */
   size_t vm_nfree, vm_cap;
 };
-
-static pthread_mutex_t registry_mu = PTHREAD_MUTEX_INITIALIZER;
-static spw_backend_t *registry; /* every live backend, linked through reg_prev / reg_next */
-
-static void registry_add(spw_backend_t *b) {
-  pthread_mutex_lock(&registry_mu);
-  b->reg_prev = NULL;
-  b->reg_next = registry;
-  if (registry) registry->reg_prev = b;
-  registry = b;
-  b->registered = true;
-  pthread_mutex_unlock(&registry_mu);
-}
-
-static void registry_remove(spw_backend_t *b) {
-  if (!b->registered) return;
-  pthread_mutex_lock(&registry_mu);
-  if (b->reg_prev)
-    b->reg_prev->reg_next = b->reg_next;
-  else
-    registry = b->reg_next;
-  if (b->reg_next) b->reg_next->reg_prev = b->reg_prev;
-  b->registered = false;
-  pthread_mutex_unlock(&registry_mu);
-}
 
 static spw_stream_t to_handle(host_stream_t *s) { return (spw_stream_t)(void *)s; }
 static host_stream_t *from_handle(spw_stream_t s) { return (host_stream_t *)(void *)s; }
@@ -423,15 +392,12 @@ static int host_create(const spw_backend_params_t *p, spw_backend_t **out) {
     host_destroy(b);
     return st;
   }
-  registry_add(b);
   *out = b;
   return SPW_OK;
 }
 
 static void host_destroy(spw_backend_t *b) {
   if (!b) return;
-  /* Off the registry first: no stream_device may look at this backend's list any more. */
-  registry_remove(b);
   /* Streams first: their queued frees still touch the block list. */
   for (;;) {
     pthread_mutex_lock(&b->mu);
@@ -558,23 +524,13 @@ static bool owns_stream(spw_backend_t *b, const host_stream_t *hs) {
   return s != NULL;
 }
 
+/* Only this backend's own streams have a device here: another runtime's stream is unknown
+ * (its emulated memory is another), and a stream is never read before it is found among the
+ * live ones, since the application may pass any value. */
 static int host_stream_device(spw_backend_t *b, spw_stream_t s, int *device) {
-  const host_stream_t *hs = from_handle(s);
-  int st = SPW_ERR_INVALID_STREAM;
-  pthread_mutex_lock(&registry_mu);
-  for (spw_backend_t *o = registry; o; o = o->reg_next) {
-    if (!owns_stream(o, hs)) continue;
-    /* Another backend's stream on this same ordinal would pass the caller's device check,
-     * yet must not be used here (its frees would land in the other backend's memory): it
-     * is unknown to this backend. */
-    if (o == b || o->device != b->device) {
-      *device = o->device;
-      st = SPW_OK;
-    }
-    break;
-  }
-  pthread_mutex_unlock(&registry_mu);
-  return st;
+  if (!owns_stream(b, from_handle(s))) return SPW_ERR_INVALID_STREAM;
+  *device = b->device;
+  return SPW_OK;
 }
 
 /* ---- events --------------------------------------------------------------------------- */

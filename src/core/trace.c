@@ -80,7 +80,7 @@ struct spw_trace {
   int capped, pid;
   track_t tracks[MAX_TRACKS];
   uint32_t ntracks;
-  uint64_t last[4]; /* device, host, disk, locked: last values written */
+  uint64_t last[5]; /* device, host, disk, locked, peer: last values written */
   int sampled;
   unsigned tick;
 };
@@ -357,13 +357,14 @@ static void drain(spw_trace_t *t) {
 /* The bytes in each tier, written when they changed. */
 static void sample(spw_trace_t *t, int all) {
   spw_runtime_t *rt = t->rt;
-  uint64_t v[4] = {atomic_load(&rt->budget.used), atomic_load(&rt->c.host_bytes),
-                   atomic_load(&rt->c.disk_bytes), t->last[3]};
+  uint64_t v[5] = {atomic_load(&rt->budget.used), atomic_load(&rt->c.host_bytes),
+                   atomic_load(&rt->c.disk_bytes), t->last[3], atomic_load(&rt->c.peer_bytes)};
   if (all || t->tick % LOCKED_EVERY == 0) v[3] = spw__locked_device_bytes(rt);
-  static const char *const names[4] = {"device", "host", "disk", "locked"};
+  static const char *const names[5] = {"device", "host", "disk", "locked", "peer"};
   double ts = us(t, spw__now_ns());
-  for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 5; i++) {
     if (t->sampled && v[i] == t->last[i]) continue;
+    if (i == 4 && !t->sampled && v[i] == 0) continue; /* no peer tier: no counter */
     char line[LINE_MAX];
     emit(t, line, snprintf(line, sizeof line,
                            "{\"name\":\"%s\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%d,"
