@@ -198,7 +198,7 @@ class Runtime(_c.RuntimeBase):
         return b
 
     # -- the peer tier ----------------------------------------------------------------
-    def peer_lend(self, borrower: "Runtime", nbytes: int) -> None:
+    def peer_lend(self, borrower: _c.RuntimeBase, nbytes: int) -> None:
         """Lends `nbytes` of this runtime's device memory to `borrower` as its peer tier
         (``spw_peer_lend``): the borrower spills there first (``State.PEER``, ``Tier.PEER``)
         and falls back to host memory when it is full. The bytes count against this
@@ -217,7 +217,7 @@ class Runtime(_c.RuntimeBase):
         room here); WouldDeadlockError (from a controller method)."""
         super().peer_lend(borrower, nbytes)
 
-    def peer_reclaim(self, borrower: "Runtime") -> None:
+    def peer_reclaim(self, borrower: _c.RuntimeBase) -> None:
         """Takes back what this runtime lent to `borrower` (``spw_peer_reclaim``): the
         borrower's buffers in it move on to its host memory (or disk when that is full),
         intact, then the memory returns to this runtime's budget. Blocks until done (GIL
