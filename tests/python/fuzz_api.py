@@ -3,7 +3,7 @@
 
 Random sequences of calls, with valid and hostile arguments (wrong types, None, negative,
 zero, 2**63, 2**64, freed buffers, buffers of another runtime and of a closed one, a few
-threads at once), against one runtime. The properties:
+threads at once, peer lends and reclaims between runtimes), against one runtime. The properties:
   * the interpreter never crashes (test_fuzz.py runs this file in a child process, so a
     crash fails that test instead of ending the run);
   * every failure is a documented exception (DOCUMENTED below, docs/python.md "Errors");
@@ -427,6 +427,20 @@ class ApiMachine(RuleBasedStateMachine):
         if failures:
             raise failures[0]
 
+    @rule(data=st.data(), nbytes=st.one_of(st.integers(MiB - 1, 2 * MiB + 1), hostile),
+          way=st.sampled_from(["lend", "reclaim"]))
+    def peer_tier(self, data, nbytes, way):
+        """Lends and reclaims between this runtime, the other, a closed one and hostile
+        objects; the round trip below then spills to HOST or, where memory is lent to
+        this runtime, PEER."""
+        runtimes = [self.rt, self.other, self.closed]
+        lender = data.draw(st.sampled_from(runtimes), label="lender")
+        borrower = data.draw(st.one_of(st.sampled_from(runtimes), hostile), label="borrower")
+        if way == "lend":
+            call(lender.peer_lend, borrower, nbytes)
+        else:
+            call(lender.peer_reclaim, borrower)
+
     @rule()
     def replace_the_other_runtime(self):
         """The other runtime's buffers become a closed runtime's."""
@@ -449,7 +463,7 @@ class ApiMachine(RuleBasedStateMachine):
         a = spillway.DeferrableArray.from_host(self.rt, pattern)
         a.spill(spillway.Tier.HOST)
         self.rt.wait_idle()
-        assert a.tier == spillway.Tier.HOST
+        assert a.tier in (spillway.Tier.HOST, spillway.Tier.PEER)  # PEER where lent to
         a.spill(spillway.Tier.DISK)
         self.rt.wait_idle()
         assert a.tier == spillway.Tier.DISK

@@ -197,6 +197,39 @@ class Runtime(_c.RuntimeBase):
                                   detail)
         return b
 
+    # -- the peer tier ----------------------------------------------------------------
+    def peer_lend(self, borrower: _c.RuntimeBase, nbytes: int) -> None:
+        """Lends `nbytes` of this runtime's device memory to `borrower` as its peer tier
+        (``spw_peer_lend``): the borrower spills there first (``State.PEER``, ``Tier.PEER``)
+        and falls back to host memory when it is full. The bytes count against this
+        runtime's device limit (its unlocked buffers may be spilled to make room; the GIL is
+        released meanwhile). Until the memory is reclaimed, or the borrower is destroyed,
+        the borrower holds a strong reference to this runtime, so that garbage collection
+        can never destroy a lender before its borrower gives the memory back. Closing this
+        runtime first is fine: its close takes the memory back (the borrower's buffers move
+        on to its host memory or disk).
+
+        Errors: TypeError (`borrower` is not a Runtime, `nbytes` not an int);
+        InvalidArgumentError (a closed runtime, `borrower` is this runtime, the two run on
+        different backends, `nbytes` under 1 MiB or over this runtime's device limit);
+        BusyError (`borrower` already has a lender, or lends to this runtime);
+        UnsupportedError (no peer access between the devices); OutOfMemoryError (no such
+        room here); WouldDeadlockError (from a controller method)."""
+        super().peer_lend(borrower, nbytes)
+
+    def peer_reclaim(self, borrower: _c.RuntimeBase) -> None:
+        """Takes back what this runtime lent to `borrower` (``spw_peer_reclaim``): the
+        borrower's buffers in it move on to its host memory (or disk when that is full),
+        intact, then the memory returns to this runtime's budget. Blocks until done (GIL
+        released). Drops the borrower's reference to this runtime.
+
+        Errors: TypeError (`borrower` is not a Runtime); InvalidArgumentError (a closed
+        runtime, `borrower` is this runtime, nothing is lent to it);
+        HostOutOfMemoryError, DiskFullError, IOError_ or BusyError when buffers could not
+        move on (the memory then stays lent, the buffers intact in it: call again once
+        there is room); WouldDeadlockError (from a controller method)."""
+        super().peer_reclaim(borrower)
+
     def stats(self) -> Stats:
         return Stats(*self._stats())
 

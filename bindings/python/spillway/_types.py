@@ -43,6 +43,7 @@ class Tier(enum.IntEnum):
     DEVICE = _TIERS["DEVICE"]
     HOST = _TIERS["HOST"]
     DISK = _TIERS["DISK"]
+    PEER = _TIERS["PEER"]  # another runtime's device memory lent to this one (peer_lend)
 
 
 class State(enum.IntEnum):
@@ -53,6 +54,7 @@ class State(enum.IntEnum):
     DEMOTING = _STATES["DEMOTING"]
     DISK = _STATES["DISK"]
     UNSPILLING = _STATES["UNSPILLING"]
+    PEER = _STATES["PEER"]  # spilled into lent peer memory (tier PEER); otherwise as HOST
 
 
 @dataclasses.dataclass(frozen=True)
@@ -91,6 +93,16 @@ class Stats:
     hints_replaced: int
     hints_pending: int
     prefetch_dropped: int
+    # The peer tier (Runtime.peer_lend); peer moves are also counted in spills / unspills.
+    peer_bytes: int          # bytes whose copy is in lent peer memory (not in host_bytes)
+    peer_limit: int          # bytes another runtime lends this one now (0: none)
+    peer_spills: int         # device -> peer
+    peer_spill_bytes: int
+    peer_unspills: int       # peer -> device
+    peer_unspill_bytes: int
+    peer_returns: int        # peer -> host or disk: the lender took its memory back
+    peer_return_bytes: int
+    lent_bytes: int          # this runtime's device memory lent to others now
 
 
 def _check(what: str, python: object, c: object) -> None:

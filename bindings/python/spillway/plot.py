@@ -5,8 +5,8 @@
 
 Top: the bytes in each tier over time (device, pinned host, disk, and the locked part of the
 device), against the device limit. Bottom: throughput per direction (device->host,
-host->device, host->disk, disk->device, device->disk), each move's bytes spread evenly
-over its duration. Needs matplotlib (``pip install matplotlib``); :func:`load` and
+host->device, host->disk, disk->device, device->disk, and the peer tier's device->peer,
+peer->device, peer->host, peer->disk), each move's bytes spread evenly over its duration. Needs matplotlib (``pip install matplotlib``); :func:`load` and
 :func:`series` do not, so other tools can reuse them.
 
 The trace may be one the process never closed (it died, or Python left the runtime to the
@@ -22,7 +22,8 @@ from typing import Any, Dict, List, Optional, Tuple
 __all__ = ["load", "series", "draw", "main"]
 
 TIERS = ("device", "host", "disk", "locked")
-DIRECTIONS = ("device->host", "host->device", "host->disk", "disk->device", "device->disk")
+DIRECTIONS = ("device->host", "host->device", "host->disk", "disk->device", "device->disk",
+              "device->peer", "peer->device", "peer->host", "peer->disk")
 
 
 def load(path: str) -> List[Dict[str, Any]]:

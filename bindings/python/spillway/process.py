@@ -189,7 +189,7 @@ def usage(device_id: int = 0) -> Dict[str, Dict[str, int]]:
     if d is not None and not d.runtime.closed:
         s = d.runtime.stats()
         live = s.buffers - sum(v["live"] for v in out.values())
-        live_bytes = (s.device_bytes + s.host_bytes + s.disk_bytes
+        live_bytes = (s.device_bytes + s.host_bytes + s.peer_bytes + s.disk_bytes
                       - sum(v["live_bytes"] for v in out.values()))
     out["deferrable"] = {"live": max(live, 0), "live_bytes": max(live_bytes, 0)}
     return out

@@ -48,6 +48,14 @@ typedef struct spwpy_runtime {
   PyObject *link;    /* the ControllerLink of a Python controller (controller.c), kept
                         until the runtime is destroyed: it is the C controller's `user` */
   spwpy_usage_t usage[SPWPY_LIBRARIES]; /* allocation.c; changed with the GIL held */
+  PyObject *lender;  /* the Runtime that lent this one its peer tier (peer_lend), strong:
+                        destroying a borrower gives the memory back to its lender, which
+                        must still exist then. Set by a lend, dropped by a reclaim or once
+                        this runtime is destroyed; never by tp_clear (runtime.c) */
+  int peered;        /* set (with the GIL) once it took part in a lend: from then on its
+                        destroy is serialized with every lend and reclaim (runtime.c) */
+  int closing;       /* a destroy is under way (the GIL released): lend and reclaim refuse
+                        it, since no call may run on it concurrently */
 } spwpy_runtime_t;  /* the Python subclass spillway.Runtime adds __dict__ and __weakref__ */
 
 typedef struct spwpy_buffer {
@@ -120,7 +128,8 @@ int spwpy_u64_from(PyObject *obj, const char *what, unsigned long long lo, int r
 int spwpy_nbytes_from(PyObject *obj, const char *what, size_t *out);
 /* A handle (InvalidHandleError for one that cannot be a handle). */
 int spwpy_handle_from(PyObject *obj, spw_buf_t *out);
-/* A tier: an int (Tier) naming HOST or DISK, or DEVICE, which Spillway refuses itself. */
+/* A spill's tier: an int (Tier) naming HOST or DISK, or DEVICE, which Spillway refuses
+ * itself; PEER is refused here (InvalidArgumentError: a spill to HOST goes there first). */
 int spwpy_tier_from(PyObject *obj, spw_tier_t *out);
 /* A size as the SPILLWAY_* variables are read: None (0, unset), an int in [0, 2^64-1], or
  * a string for spw_parse_size. ConfigError for a bad value, TypeError for a bad type. */

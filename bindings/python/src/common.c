@@ -20,12 +20,16 @@ _Thread_local int spwpy_in_callback;
 /* The enumerations of spillway.h, by the names the package's enums and keywords use. The
  * values are the header's; the package checks at import that its enums match these. */
 #define ENUM_END {NULL, 0}
-const spwpy_named_t spwpy_tiers[] = {
-    {"DEVICE", SPW_TIER_DEVICE}, {"HOST", SPW_TIER_HOST}, {"DISK", SPW_TIER_DISK}, ENUM_END};
+const spwpy_named_t spwpy_tiers[] = {{"DEVICE", SPW_TIER_DEVICE},
+                                     {"HOST", SPW_TIER_HOST},
+                                     {"DISK", SPW_TIER_DISK},
+                                     {"PEER", SPW_TIER_PEER},
+                                     ENUM_END};
 const spwpy_named_t spwpy_states[] = {
     {"RESIDENT", SPW_STATE_RESIDENT}, {"SPILLING", SPW_STATE_SPILLING},
     {"HOST", SPW_STATE_HOST},         {"DEMOTING", SPW_STATE_DEMOTING},
-    {"DISK", SPW_STATE_DISK},         {"UNSPILLING", SPW_STATE_UNSPILLING}, ENUM_END};
+    {"DISK", SPW_STATE_DISK},         {"UNSPILLING", SPW_STATE_UNSPILLING},
+    {"PEER", SPW_STATE_PEER},         ENUM_END};
 const spwpy_named_t spwpy_backends[] = {
     {"auto", SPW_BACKEND_AUTO}, {"cuda", SPW_BACKEND_CUDA}, {"host", SPW_BACKEND_HOST}, ENUM_END};
 const spwpy_named_t spwpy_io_kinds[] = {
@@ -195,6 +199,12 @@ int spwpy_handle_from(PyObject *obj, spw_buf_t *out) {
 int spwpy_tier_from(PyObject *obj, spw_tier_t *out) {
   unsigned long long v;
   if (spwpy_u64_from(obj, "tier", 0, SPW_ERR_INVALID_ARG, &v) < 0) return -1;
+  if (v == SPW_TIER_PEER) {
+    /* Nothing spills to the peer tier by name: a spill to HOST goes there first. */
+    spwpy_raise_format(SPW_ERR_INVALID_ARG, "tier=%R: a spill goes to Tier.HOST (lent peer "
+                       "memory first, where there is some) or Tier.DISK", obj);
+    return -1;
+  }
   if (v != SPW_TIER_DEVICE && v != SPW_TIER_HOST && v != SPW_TIER_DISK) {
     spwpy_raise_format(SPW_ERR_INVALID_ARG, "tier must be a spillway.Tier, not %R", obj);
     return -1;

@@ -6,6 +6,7 @@
  * subclass spillway.Runtime, in Python; every method here is called by it or through it. */
 #include <limits.h>
 #include <math.h>
+#include <pthread.h>
 #include <semaphore.h>
 #include <stdlib.h>
 
@@ -201,14 +202,44 @@ out:
   return rc;
 }
 
+/* The peer tier's rule (spillway.h): a lender and its borrower must not be destroyed at
+ * the same time from two threads, and no call may run on a runtime while it is destroyed.
+ * Python makes both hold across objects: every spw_peer_lend and spw_peer_reclaim, and the
+ * destroy of every runtime that ever took part in a lend (`peered`), run under peer_mu,
+ * taken with the GIL released (its holder waits on Spillway, whose threads may need the
+ * GIL). A lend marks both runtimes `peered` before it releases the GIL, and refuses a
+ * runtime whose destroy is under way (`closing`, set before that one released the GIL), so
+ * a destroy that started unserialized never overlaps a lend. Never taken on a controller
+ * thread except by a deallocator, which only tries (see destroy). */
+static pthread_mutex_t peer_mu = PTHREAD_MUTEX_INITIALIZER;
+
+/* Destroys r's runtime with the GIL released. On a controller thread (a deallocator run
+ * by a controller method) a peered runtime is destroyed only if peer_mu is free at once:
+ * waiting there could wait on this very callback; else SPW_ERR_WOULD_DEADLOCK and the
+ * runtime is left alive (the deallocator then leaks it). */
 static int destroy(spwpy_runtime_t *r) {
   int st;
+  spw_runtime_t *rt = r->rt;
+  int serialize = r->peered, try_only = spwpy_in_callback;
+  r->closing = 1;
   Py_BEGIN_ALLOW_THREADS
-  st = spw_runtime_destroy(r->rt);
+  if (!serialize) {
+    st = spw_runtime_destroy(rt);
+  } else if (try_only ? pthread_mutex_trylock(&peer_mu) == 0
+                      : pthread_mutex_lock(&peer_mu) == 0) {
+    st = spw_runtime_destroy(rt);
+    /* Under peer_mu: a lend or reclaim waiting for it reads r->rt next (peer_pair). */
+    if (st == SPW_OK) r->rt = NULL;
+    pthread_mutex_unlock(&peer_mu);
+  } else {
+    st = SPW_ERR_WOULD_DEADLOCK;
+  }
   Py_END_ALLOW_THREADS
+  r->closing = 0;
   if (st == SPW_OK) {
     r->rt = NULL;
     spwpy_runtime_ctl_release(r); /* no callback can run any more */
+    Py_CLEAR(r->lender);          /* the memory it borrowed went back: the lender may go */
   }
   return st;
 }
@@ -218,17 +249,23 @@ static void runtime_dealloc(PyObject *self) {
   PyObject_GC_UnTrack(self);
   /* At interpreter exit the process is about to end: leave the runtime to the OS rather
    * than join its threads. A runtime with locks still held is leaked the same way (its
-   * memory cannot be released under running work), and so is its controller link, which
-   * the C controller may still call. */
+   * memory cannot be released under running work), and so are its controller link, which
+   * the C controller may still call, and its lender, which it still borrows from. */
   if (r->rt && !spwpy_finalizing) (void)destroy(r);
-  if (!r->rt) Py_CLEAR(r->link);
+  if (!r->rt) {
+    Py_CLEAR(r->link);
+    Py_CLEAR(r->lender);
+  }
   spwpy_free(self);
 }
 
 /* No tp_clear: the link must live as long as the C runtime that calls it; cycles through
- * it are broken at the ControllerLink, which drops its callable. */
+ * it are broken at the ControllerLink, which drops its callable. The lender must outlive
+ * the borrower's C runtime too: a ring of runtimes each lending to the next is kept alive
+ * (not destroyed in a wrong order) until one of them is closed or reclaims. */
 static int runtime_traverse(PyObject *self, visitproc visit, void *arg) {
   Py_VISIT(R(self)->link);
+  Py_VISIT(R(self)->lender);
   Py_VISIT(Py_TYPE(self));
   return 0;
 }
@@ -572,13 +609,119 @@ static PyObject *runtime_wait_idle(PyObject *self, PyObject *noargs) {
   Py_RETURN_NONE;
 }
 
+/* ---- the peer tier: lend and reclaim ------------------------------------------------- */
+
+/* The checks that peer_lend and peer_reclaim share, with the GIL held: `self` (the lender)
+ * and `other` (the borrower, a RuntimeBase) are two live runtimes of the same backend,
+ * neither being destroyed, and the caller is no controller method (both calls wait). Marks
+ * both `peered`, so that a destroy starting from now on waits for the call (peer_mu).
+ * Returns the borrower, or NULL with an exception set. */
+static spwpy_runtime_t *peer_pair(spwpy_runtime_t *r, PyObject *other) {
+  if (!PyType_IsSubtype(Py_TYPE(other), spwpy_runtime_type)) {
+    PyErr_Format(PyExc_TypeError, "borrower must be a spillway.Runtime, not %R",
+                 (PyObject *)Py_TYPE(other));
+    return NULL;
+  }
+  spwpy_runtime_t *b = R(other);
+  if (!r->rt || r->closing) {
+    spwpy_raise_closed();
+    return NULL;
+  }
+  if (!b->rt || b->closing) {
+    spwpy_raise_detail(SPW_ERR_INVALID_ARG, "the borrower is closed");
+    return NULL;
+  }
+  if (b == r) {
+    spwpy_raise_detail(SPW_ERR_INVALID_ARG, "a runtime cannot lend to itself");
+    return NULL;
+  }
+  if (b->backend != r->backend) {
+    spwpy_raise_detail(SPW_ERR_INVALID_ARG,
+                       "lender and borrower run on different backends (cuda and host)");
+    return NULL;
+  }
+  if (spwpy_refuse_in_callback()) return NULL;
+  r->peered = b->peered = 1;
+  return b;
+}
+
+/* Runs lend (bytes > 0) or reclaim (bytes == 0) under peer_mu with the GIL released. The
+ * runtimes are read again under the lock: a destroy that held it may have ended them. */
+static int peer_call(spwpy_runtime_t *r, spwpy_runtime_t *b, uint64_t bytes) {
+  int st;
+  Py_BEGIN_ALLOW_THREADS
+  pthread_mutex_lock(&peer_mu);
+  if (!r->rt || !b->rt)
+    st = SPW_ERR_INVALID_ARG;
+  else
+    st = bytes ? spw_peer_lend(r->rt, b->rt, bytes) : spw_peer_reclaim(r->rt, b->rt);
+  pthread_mutex_unlock(&peer_mu);
+  Py_END_ALLOW_THREADS
+  return st;
+}
+
+/* Raises a peer call's error with the detail of the runtime whose failing path records it
+ * (spillway.h and core/peer.c): the borrower's for BUSY, UNSUPPORTED and the errors of
+ * buffers that could not move on; the lender's for the rest. */
+static PyObject *peer_raise(spwpy_runtime_t *r, spwpy_runtime_t *b, int st) {
+  if (!r->rt || !b->rt)
+    return spwpy_raise_detail(SPW_ERR_INVALID_ARG, "a runtime was closed meanwhile");
+  spw_runtime_t *from = r->rt;
+  if (st == SPW_ERR_BUSY || st == SPW_ERR_UNSUPPORTED || st == SPW_ERR_HOST_OUT_OF_MEMORY ||
+      st == SPW_ERR_DISK_FULL || st == SPW_ERR_IO)
+    from = b->rt;
+  /* These paths always record their text (unlike most statuses, whose text may be stale). */
+  if (st == SPW_ERR_INVALID_ARG || st == SPW_ERR_BUSY || st == SPW_ERR_UNSUPPORTED)
+    return spwpy_raise_detail(st, spw_last_error(from));
+  return spwpy_raise(from, st);
+}
+
+/* peer_lend(borrower, nbytes): spw_peer_lend(self, borrower, nbytes). On success the
+ * borrower keeps a strong reference to self until the memory is reclaimed or the borrower
+ * is destroyed. */
+static PyObject *runtime_peer_lend(PyObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"borrower", "nbytes", NULL};
+  spwpy_runtime_t *r = R(self);
+  PyObject *bobj, *nobj;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", kwlist, &bobj, &nobj)) return NULL;
+  unsigned long long n;
+  if (spwpy_u64_from(nobj, "nbytes", 1, SPW_ERR_INVALID_ARG, &n) < 0) return NULL;
+  spwpy_runtime_t *b = peer_pair(r, bobj);
+  if (!b) return NULL;
+  int st = peer_call(r, b, (uint64_t)n);
+  if (st != SPW_OK) return peer_raise(r, b, st);
+  /* One lender at a time: any earlier one already took its memory back. */
+  PyObject *old = b->lender;
+  Py_INCREF(self);
+  b->lender = self;
+  Py_XDECREF(old);
+  Py_RETURN_NONE;
+}
+
+/* peer_reclaim(borrower): spw_peer_reclaim(self, borrower); drops the borrower's reference
+ * to self. */
+static PyObject *runtime_peer_reclaim(PyObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"borrower", NULL};
+  spwpy_runtime_t *r = R(self);
+  PyObject *bobj;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &bobj)) return NULL;
+  spwpy_runtime_t *b = peer_pair(r, bobj);
+  if (!b) return NULL;
+  int st = peer_call(r, b, 0);
+  if (st != SPW_OK) return peer_raise(r, b, st);
+  if (b->lender == self) Py_CLEAR(b->lender);
+  Py_RETURN_NONE;
+}
+
 #define SPWPY_STATS_FIELDS(X)                                                                \
   X(buffers) X(device_bytes) X(host_bytes) X(disk_bytes) X(locked_bytes) X(device_limit)     \
   X(host_pinned_bytes) X(spills) X(spill_bytes) X(unspills) X(unspill_bytes) X(demotions)    \
   X(demote_bytes) X(disk_reads) X(disk_read_bytes) X(disk_writes) X(disk_write_bytes)        \
   X(spills_on_demand) X(spills_background) X(spills_abandoned) X(clean_respills) X(failures) \
   X(spill_ns) X(unspill_ns) X(demote_ns) X(disk_read_ns) X(disk_requests) X(hints_merged)   \
-  X(hints_replaced) X(hints_pending) X(prefetch_dropped)
+  X(hints_replaced) X(hints_pending) X(prefetch_dropped) X(peer_bytes) X(peer_limit)         \
+  X(peer_spills) X(peer_spill_bytes) X(peer_unspills) X(peer_unspill_bytes) X(peer_returns) \
+  X(peer_return_bytes) X(lent_bytes)
 
 static PyObject *runtime_stats(PyObject *self, PyObject *noargs) {
   spwpy_runtime_t *r = R(self);
@@ -775,6 +918,8 @@ static PyMethodDef runtime_methods[] = {
     {"spill_n", (PyCFunction)(void (*)(void))runtime_spill_n, METH_VARARGS | METH_KEYWORDS, NULL},
     {"prefetch_n", (PyCFunction)(void (*)(void))runtime_prefetch_n, METH_VARARGS | METH_KEYWORDS, NULL},
     {"wait_idle", runtime_wait_idle, METH_NOARGS, NULL},
+    {"peer_lend", (PyCFunction)(void (*)(void))runtime_peer_lend, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"peer_reclaim", (PyCFunction)(void (*)(void))runtime_peer_reclaim, METH_VARARGS | METH_KEYWORDS, NULL},
     {"_stats", runtime_stats, METH_NOARGS, NULL},
     {"summary", runtime_summary, METH_NOARGS, NULL},
     {"memcpy", (PyCFunction)(void (*)(void))runtime_memcpy, METH_VARARGS | METH_KEYWORDS, NULL},
