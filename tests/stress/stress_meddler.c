@@ -10,7 +10,8 @@
  *
  * The controller (installed, replaced and removed by the workers) records every callback;
  * fails the run on a state event with an error other than the documented "skipped because
- * locked" report; names victims in `pressure`, live, locked and stale alike; and from inside
+ * locked" report (and, with --peer on, "no room to move out of lent memory"), or on a move
+ * the API does not document (documented_move); names victims in `pressure`, live, locked and stale alike; and from inside
  * callbacks spills and prefetches, and checks that the calls that would wait on the runtime
  * return SPW_ERR_WOULD_DEADLOCK. Callbacks run on any thread at once, so they draw their
  * random numbers from an atomic sequence. */
