@@ -15,7 +15,10 @@
 #              to host and disk and prefetching (single and 16 at once, duplicates
 #              possible) every 200 us, progress every 30 s; after the workers stop,
 #              spw_wait_idle must return within --idle-seconds (60) and nothing may move
-#              (SOAK_BUDGET, the device budget, default 2GiB)
+#              (SOAK_BUDGET, the device budget, default 2GiB); with SOAK_PEER=1 (the
+#              default) also --peer on: a second runtime on the same GPU lends part of its
+#              memory to the workers' runtime and takes it back every few ms (SOAK_PEER=0:
+#              without it)
 #
 # A run passes when the program exits 0 (0 wrong words, no CUDA error, every status as the
 # model allows, nothing left after the frees) and, under compute-sanitizer, the tool reports
@@ -84,9 +87,12 @@ for r in "${runs[@]}"; do
   soak)
     # The gate of every change to src/ or spill/ (docs/reliability.md): at 8 and then 16
     # workers, half of SOAK_SECONDS each.
+    # With SOAK_PEER=1 (default) the peer tier too, so that the gate covers it.
+    peer=off
+    [ "${SOAK_PEER:-1}" = 1 ] && peer=on
     for t in 8 16; do
       run "soak-$t" $((${SOAK_SECONDS:-600} / 2 + 300)) "$exe" --soak --backend cuda --threads "$t" \
-        --seconds $((${SOAK_SECONDS:-600} / 2)) ${SOAK_BUDGET:+--budget "$SOAK_BUDGET"}
+        --seconds $((${SOAK_SECONDS:-600} / 2)) ${SOAK_BUDGET:+--budget "$SOAK_BUDGET"} --peer "$peer"
       grep -E '^\[' "$out/stress-soak-$t.log" | tail -1 | sed "s/^/soak-$t: /"
     done
     ;;

@@ -8,7 +8,8 @@
  * stream's lock map) and "pending" (handed to spw_stream_release_async or
  * spw_release_n_async, released by the runtime once the stream passes that point, at a
  * moment the owner does not know). The meddler thread and the controller callbacks only
- * move buffers (spill, prefetch), which must never change what an owner reads back.
+ * move buffers (spill, prefetch), and the lender thread (--peer on) lends memory to the
+ * runtime and takes it back, which must never change what an owner reads back.
  *
  * What is shared between threads, all through atomics: the handles each worker publishes
  * for the meddler (pub), a ring of freed handles (dead), the locked-bytes model and its
@@ -40,6 +41,7 @@
 #define STRESS_LOCAL_DEAD 32
 #define STRESS_HIST 64 /* operations remembered per thread; the last 50 are printed */
 #define STRESS_TRACKERS (2 * STRESS_MAX_THREADS + 4)
+#define STRESS_NSTATES (SPW_STATE_PEER + 1) /* controller events: from and to, by state */
 
 #define KiB ((uint64_t)1 << 10)
 #define MiB ((uint64_t)1 << 20)
@@ -83,7 +85,10 @@
   X(STREAM_CREATE, "stream_create") \
   X(FINISH, "finish")               \
   X(MEDDLE, "meddle")               \
-  X(CALLBACK, "callback")
+  X(CALLBACK, "callback")           \
+  X(LEND, "peer_lend")              \
+  X(RECLAIM, "peer_reclaim")        \
+  X(PRESSURE, "lender_pressure")
 
 typedef enum stress_op {
 #define STRESS_OP_ENUM_W(name, text, w, ws) OP_##name,
@@ -109,6 +114,8 @@ typedef struct stress_options {
   uint64_t lock_cap;         /* bytes a worker may hold locked (pending included) */
   int controller, meddler;
   int sanity, soak;
+  int peer;        /* --peer on: a lender thread lends a second runtime's memory (stress_lender.c) */
+  int peer_device; /* the lender's device; -1: the borrower's */
   spw_backend_kind_t backend;
   const char *spill_dir;
   unsigned meddle_us;      /* the meddler's period */
@@ -167,6 +174,7 @@ typedef struct worker {
   /* counts */
   uint64_t counts[OP_COUNT];
   uint64_t oom_accepted, not_ready, locked_refused, checks;
+  uint64_t peer_seen; /* queries that found a buffer in SPW_STATE_PEER */
   _Atomic uint64_t groups, bytes_checked, bytes_written; /* read by the progress line */
   /* the data plane (stress_data.c) */
   sem_t fence;
@@ -201,13 +209,24 @@ struct stress {
   atomic_int meddler_phase;
   int meddler_tracker;
   int run_tracker; /* the whole run: for failed moves reported to the controller */
-  uint64_t meddles, meddle_freed, meddle_locked, meddle_oom;
+  uint64_t meddles, meddle_freed, meddle_locked, meddle_oom, meddle_peer_seen;
+  /* the lender (--peer on): its runtime, and what only its thread writes until joined */
+  spw_runtime_t *lender;
+  spw_stream_t lender_stream;
+  uint64_t lender_rng;
+  history_t lender_hist;
+  _Atomic uint64_t lender_heartbeat;
+  atomic_int lender_phase;
+  atomic_int lender_stop; /* set, and the lender joined, before `stop` */
+  uint64_t lent;          /* bytes lent now (0: none), as the lender thread knows it */
+  uint64_t lender_rounds, lends, lend_busy, reclaims, reclaims_refused, pressure_takebacks;
   /* the controller */
   atomic_int controller_kind;
   _Atomic uint64_t tolerated; /* background errors let through by --tolerate-async */
   _Atomic uint64_t cb_seq, cb_allocated, cb_freed, cb_events, cb_locked_skips, cb_oom_events,
       cb_pressure, cb_victims, cb_calls, cb_deadlock_checks;
-  _Atomic uint64_t cb_transitions[7][7];
+  _Atomic uint64_t cb_peer_stuck; /* PEER -> PEER failures: a buffer that could not move on */
+  _Atomic uint64_t cb_transitions[STRESS_NSTATES][STRESS_NSTATES];
   /* the end of the run: workers free their buffers once the idle checks are done */
   atomic_int may_free;
   double idle_stop_s;            /* spw_wait_idle as soon as nothing sends hints any more */
@@ -267,5 +286,8 @@ void stress_controller_set(stress_t *st, worker_t *w, int kind);
 /* A handle some worker published (maybe freed since), or, one time in dead_one_in (never
  * if 0), a freed one; 0 if none yet. */
 spw_buf_t stress_any_handle(stress_t *st, uint64_t *rng, unsigned dead_one_in);
+
+/* stress_lender.c: the lender thread (--peer on). */
+void *stress_lender_main(void *arg);
 
 #endif /* SPILLWAY_TESTS_STRESS_H */

@@ -123,6 +123,8 @@ _Noreturn void stress_fail(stress_t *st, worker_t *w, const char *fmt, ...) {
   char stats[512];
   if (st->rt && spw_stats_summary(st->rt, stats, sizeof stats) == SPW_OK)
     fprintf(stderr, "stats: %s\n", stats);
+  if (st->lender && spw_stats_summary(st->lender, stats, sizeof stats) == SPW_OK)
+    fprintf(stderr, "the lender's stats: %s\n", stats);
   fprintf(stderr, "replay: %s\n", st->replay);
   fflush(stderr);
   _exit(1);

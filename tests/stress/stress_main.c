@@ -33,6 +33,12 @@
  *   spw_stress --backend cuda        the GPU variant (kernels check and write the data)
  *   spw_stress --soak                16 workers, 4x oversubscribed, 4 KiB - 64 MiB buffers,
  *                                    10 minutes, progress every 30 s
+ *   spw_stress --peer on             also the peer tier: a second runtime (the lender, same
+ *                                    backend, --peer-device, default the same device) lends
+ *                                    part of its memory to the workers' runtime and takes it
+ *                                    back, by spw_peer_reclaim or under its own pressure, every
+ *                                    few ms (stress_lender.c); at the end it takes it back, and
+ *                                    no byte may be left lent or in lent memory
  * (tests/stress/run_gpu_stress.sh) spw_stress --weights free_locked=20,spill_n=0 ...   reweights
  * the mix (names: --help) Without --spill-dir the spill file lives in a fresh directory under
  * $TMPDIR; a supervisor process runs the test as its child and removes that directory whatever the
@@ -77,7 +83,7 @@ typedef struct cli {
   double seconds;
   int threads;
   uint64_t budget, host_limit, min_buf, max_buf, live, lock_cap;
-  int controller, meddler;
+  int controller, meddler, peer_device_given;
 } cli_t;
 
 static void usage(FILE *f) {
@@ -88,6 +94,7 @@ static void usage(FILE *f) {
           "                  [--controller on|off] [--meddler on|off] [--backend host|cuda]\n"
           "                  [--spill-dir DIR] [--sanity | --soak] [--weights op=N,...]\n"
           "                  [--meddle-us N] [--hang-seconds S] [--idle-seconds S] [--progress S]\n"
+          "                  [--peer on|off] [--peer-device N  (the lender's; default the same)]\n"
           "                  [--tolerate-async SPW_ERR_X,...  (triage: count these background\n"
           "                   errors instead of failing, to look past a known bug)]\n"
           "sizes as the SPILLWAY_* limits take them (16MiB, 1.5GiB, 4096);\n"
@@ -169,6 +176,8 @@ enum {
   O_PROGRESS,
   O_CHILD,
   O_TOLERATE,
+  O_PEER,
+  O_PEER_DEVICE,
   O_HELP
 };
 
@@ -195,6 +204,8 @@ static int parse(int argc, char **argv, cli_t *c) {
                                        {"progress", 1, 0, O_PROGRESS},
                                        {"child", 0, 0, O_CHILD},
                                        {"tolerate-async", 1, 0, O_TOLERATE},
+                                       {"peer", 1, 0, O_PEER},
+                                       {"peer-device", 1, 0, O_PEER_DEVICE},
                                        {"help", 0, 0, O_HELP},
                                        {0, 0, 0, 0}};
   stress_options_t *o = &c->o;
@@ -202,6 +213,7 @@ static int parse(int argc, char **argv, cli_t *c) {
   o->backend = env && !strcmp(env, "cuda") ? SPW_BACKEND_CUDA : SPW_BACKEND_HOST;
   c->controller = c->meddler = -1;
   c->seconds = -1;
+  o->peer_device = -1;
   int opt, bad = 0;
   while ((opt = getopt_long(argc, argv, "", opts, NULL)) != -1) {
     switch (opt) {
@@ -240,11 +252,18 @@ static int parse(int argc, char **argv, cli_t *c) {
       c->tolerate_arg = optarg;
       bad |= parse_statuses(optarg, &o->tolerate_async);
       break;
+    case O_PEER: bad |= parse_onoff(optarg, &o->peer); break;
+    case O_PEER_DEVICE:
+      o->peer_device = atoi(optarg);
+      c->peer_device_given = 1;
+      bad |= o->peer_device < 0;
+      break;
     case O_HELP: usage(stdout); exit(0);
     default: bad = 1; break;
     }
   }
-  if (bad || optind < argc || (o->sanity && o->soak)) {
+  /* --sanity never spills, so the peer tier would never be used */
+  if (bad || optind < argc || (o->sanity && o->soak) || (o->sanity && o->peer)) {
     usage(stderr);
     return -1;
   }
@@ -312,6 +331,10 @@ static int parse(int argc, char **argv, cli_t *c) {
     fprintf(stderr, "spw_stress: need 1 <= min-buf <= max-buf <= budget and live >= min-buf\n");
     return -1;
   }
+  if (o->peer && o->budget < 2 * MiB) { /* the lender lends at least 1 MiB of the same budget */
+    fprintf(stderr, "spw_stress: --peer on needs a budget of at least 2 MiB\n");
+    return -1;
+  }
   if (!c->seed_given) {
     const char *s = getenv("SPW_STRESS_SEED");
     struct timespec ts;
@@ -330,13 +353,15 @@ static void format_replay(const cli_t *c, const char *argv0, char *out, size_t l
       out, len,
       "%s%s%sSPILLWAY_BACKEND=%s %s --seed %llu --seconds %g --threads %d --budget %llu "
       "--host-limit %llu --min-buf %llu --max-buf %llu --live %llu --lock-cap %llu "
-      "--controller %s --meddler %s --meddle-us %u%s%s",
+      "--controller %s --meddler %s --meddle-us %u --peer %s%s%s",
       io ? "SPILLWAY_IO=" : "", io ? io : "", io ? " " : "",
       o->backend == SPW_BACKEND_CUDA ? "cuda" : "host", argv0, (unsigned long long)o->seed,
       o->seconds, o->threads, (unsigned long long)o->budget, (unsigned long long)o->host_limit,
       (unsigned long long)o->min_buf, (unsigned long long)o->max_buf, (unsigned long long)o->live,
       (unsigned long long)o->lock_cap, o->controller ? "on" : "off", o->meddler ? "on" : "off",
-      o->meddle_us, o->sanity ? " --sanity" : "", o->soak ? " --soak" : "");
+      o->meddle_us, o->peer ? "on" : "off", o->sanity ? " --sanity" : "", o->soak ? " --soak" : "");
+  if (c->peer_device_given && n > 0 && (size_t)n < len)
+    n += snprintf(out + n, len - (size_t)n, " --peer-device %d", o->peer_device);
   if (c->weights_arg && n > 0 && (size_t)n < len)
     n += snprintf(out + n, len - (size_t)n, " --weights %s", c->weights_arg);
   if (c->tolerate_arg && n > 0 && (size_t)n < len)
@@ -436,17 +461,24 @@ static void progress_line(stress_t *st, double t) {
   memset(&s, 0, sizeof s);
   s.struct_size = sizeof s;
   if (spw_get_stats(st->rt, &s) != SPW_OK) return;
+  char peer[160] = ""; /* --peer on: the same line, so that its last one says everything */
+  if (st->o.peer)
+    snprintf(peer, sizeof peer, "; peer: lent %.0f MiB, %.0f MiB in it, spills %llu, unspills "
+             "%llu, returns %llu",
+             (double)s.peer_limit / (double)MiB, (double)s.peer_bytes / (double)MiB,
+             (unsigned long long)s.peer_spills, (unsigned long long)s.peer_unspills,
+             (unsigned long long)s.peer_returns);
   printf(
       "[%6.0f s] ops %llu, launch groups %llu, checked %.1f GiB, written %.1f GiB; spills %llu "
       "(%.1f GiB), unspills %llu, demotions %llu, disk reads %llu (%.1f GiB), failures %llu; "
-      "device %.0f MiB, host %.0f MiB, disk %.0f MiB\n",
+      "device %.0f MiB, host %.0f MiB, disk %.0f MiB%s\n",
       t, (unsigned long long)ops, (unsigned long long)groups, (double)checked / (double)GiB,
       (double)written / (double)GiB, (unsigned long long)s.spills,
       (double)s.spill_bytes / (double)GiB, (unsigned long long)s.unspills,
       (unsigned long long)s.demotions, (unsigned long long)s.disk_reads,
       (double)s.disk_read_bytes / (double)GiB, (unsigned long long)s.failures,
       (double)s.device_bytes / (double)MiB, (double)s.host_bytes / (double)MiB,
-      (double)s.disk_bytes / (double)MiB);
+      (double)s.disk_bytes / (double)MiB, peer);
   fflush(stdout);
 }
 
@@ -461,10 +493,10 @@ static void *watchdog_main(void *arg) {
   watch_t *wd = arg;
   stress_t *st = wd->st;
   int n = st->nworkers;
-  uint64_t last[STRESS_MAX_THREADS + 2];
-  double since[STRESS_MAX_THREADS + 2];
+  uint64_t last[STRESS_MAX_THREADS + 3]; /* the workers, the meddler, the lender, main */
+  double since[STRESS_MAX_THREADS + 3];
   double now = stress_now(), next_progress = st->t0 + st->o.progress_seconds;
-  for (int i = 0; i < n + 2; i++) {
+  for (int i = 0; i < n + 3; i++) {
     last[i] = UINT64_MAX;
     since[i] = now;
   }
@@ -475,7 +507,7 @@ static void *watchdog_main(void *arg) {
       progress_line(st, now - st->t0);
       next_progress += st->o.progress_seconds;
     }
-    for (int i = 0; i < n + 2; i++) {
+    for (int i = 0; i < n + 3; i++) {
       uint64_t hb;
       bool active;
       if (i < n) {
@@ -484,6 +516,9 @@ static void *watchdog_main(void *arg) {
       } else if (i == n) {
         hb = atomic_load(&st->meddler_heartbeat);
         active = st->o.meddler && atomic_load(&st->meddler_phase) < 2;
+      } else if (i == n + 1) {
+        hb = atomic_load(&st->lender_heartbeat);
+        active = st->o.peer && atomic_load(&st->lender_phase) < 2;
       } else {
         hb = atomic_load(&st->main_heartbeat);
         active = true;
@@ -503,10 +538,12 @@ static void *watchdog_main(void *arg) {
         stress_print_history(&st->workers[k].hist, who, 8);
       }
       if (st->o.meddler) stress_print_history(&st->meddler_hist, "the meddler", 8);
+      if (st->o.peer) stress_print_history(&st->lender_hist, "the lender", 8);
       stress_fail(st, NULL, "hang: %s has made no progress for %.0f s (main thread: %s)",
-                  i < n    ? "a worker"
-                  : i == n ? "the meddler"
-                           : "the main thread",
+                  i < n        ? "a worker"
+                  : i == n     ? "the meddler"
+                  : i == n + 1 ? "the lender"
+                               : "the main thread",
                   now - since[i], atomic_load(&st->main_phase));
     }
   }
@@ -560,14 +597,16 @@ static int setup_workers(stress_t *st) {
   st->meddler_tracker = 2 * st->nworkers;
   st->run_tracker = 2 * st->nworkers + 2;
   st->meddler_rng = st->o.seed ^ 0x6D6564646C6572ull;
+  st->lender_rng = st->o.seed ^ 0x6C656E646572ull;
   return 0;
 }
 
 static void summary(stress_t *st, double elapsed) {
   uint64_t counts[OP_COUNT] = {0}, oom = 0, not_ready = 0, locked = 0, groups = 0, checks = 0,
-           checked = 0, written = 0;
+           checked = 0, written = 0, peer_seen = 0;
   for (int i = 0; i < st->nworkers; i++) {
     worker_t *w = &st->workers[i];
+    peer_seen += w->peer_seen;
     for (int k = 0; k < OP_COUNT; k++) counts[k] += w->counts[k];
     oom += w->oom_accepted;
     not_ready += w->not_ready;
@@ -590,6 +629,22 @@ static void summary(stress_t *st, double elapsed) {
   spw_stats_t hs = {.struct_size = sizeof hs};
   (void)spw_get_stats(st->rt, &hs); /* zeros if it failed: only printed */
 #define TR(a, b) (unsigned long long)atomic_load(&st->cb_transitions[SPW_STATE_##a][SPW_STATE_##b])
+  char peer[640] = "";
+  if (st->o.peer)
+    snprintf(peer, sizeof peer,
+             "; peer: lends %llu (busy %llu), reclaims %llu (refused for want of room %llu), "
+             "pressure take-backs %llu, failures 0; seen in state PEER %llu times by the "
+             "workers, %llu by the meddler; controller R->P %llu, P->R %llu, P->H %llu, P->D "
+             "%llu, P->P failures %llu; peer_spills %llu (%.1f MiB), peer_unspills %llu, "
+             "peer_returns %llu (%.1f MiB)",
+             (unsigned long long)st->lends, (unsigned long long)st->lend_busy,
+             (unsigned long long)st->reclaims, (unsigned long long)st->reclaims_refused,
+             (unsigned long long)st->pressure_takebacks, (unsigned long long)peer_seen,
+             (unsigned long long)st->meddle_peer_seen, TR(RESIDENT, PEER), TR(PEER, RESIDENT),
+             TR(PEER, HOST), TR(PEER, DISK), (unsigned long long)atomic_load(&st->cb_peer_stuck),
+             (unsigned long long)hs.peer_spills, (double)hs.peer_spill_bytes / (double)MiB,
+             (unsigned long long)hs.peer_unspills, (unsigned long long)hs.peer_returns,
+             (double)hs.peer_return_bytes / (double)MiB);
   printf(
       "spw_stress: PASS seed %llu, %.1f s, %d workers, %s backend: %llu operations (%s); "
       "launch groups %llu; contents checks %llu (%.1f MiB verified, %.1f MiB written, 0 wrong "
@@ -601,7 +656,7 @@ static void summary(stress_t *st, double elapsed) {
       "allocated, %llu freed, %llu calls and %llu deadlock checks from callbacks; "
       "tolerated background errors %llu; spw_wait_idle %.2f s after the stop, %.2f s after "
       "the final checks (bound %g s); hints merged %llu, replaced %llu, prefetches dropped "
-      "%llu; stats: %s\n",
+      "%llu%s; stats: %s\n",
       (unsigned long long)st->o.seed, elapsed, st->nworkers,
       st->backend == SPW_BACKEND_CUDA ? "cuda" : "host", (unsigned long long)total, ops,
       (unsigned long long)groups, (unsigned long long)checks, (double)checked / (double)MiB,
@@ -621,7 +676,7 @@ static void summary(stress_t *st, double elapsed) {
       (unsigned long long)atomic_load(&st->tolerated), st->idle_stop_s, st->idle_s,
       st->o.idle_seconds,
       (unsigned long long)hs.hints_merged, (unsigned long long)hs.hints_replaced,
-      (unsigned long long)hs.prefetch_dropped, stats);
+      (unsigned long long)hs.prefetch_dropped, peer, stats);
 #undef TR
 }
 
@@ -668,14 +723,15 @@ static void check_empty(stress_t *st) {
   s.struct_size = sizeof s;
   int rc = spw_get_stats(st->rt, &s);
   if (rc != SPW_OK) stress_fail(st, NULL, "spw_get_stats returned %s", spw_err_name(rc));
-  if (s.buffers || s.device_bytes || s.host_bytes || s.disk_bytes || s.locked_bytes)
+  if (s.buffers || s.device_bytes || s.host_bytes || s.disk_bytes || s.locked_bytes ||
+      s.peer_bytes)
     stress_fail(st, NULL,
                 "leak: with every buffer freed and spw_wait_idle returned, the runtime still "
                 "counts %llu buffers, %llu device bytes, %llu host bytes, %llu disk bytes, %llu "
-                "locked bytes",
+                "locked bytes, %llu bytes in lent peer memory",
                 (unsigned long long)s.buffers, (unsigned long long)s.device_bytes,
                 (unsigned long long)s.host_bytes, (unsigned long long)s.disk_bytes,
-                (unsigned long long)s.locked_bytes);
+                (unsigned long long)s.locked_bytes, (unsigned long long)s.peer_bytes);
   /* the probe's spill to disk is the only move before the run */
   if (st->o.sanity && (s.spills > 1 || s.demotions || s.disk_writes > 1))
     stress_fail(st, NULL,
@@ -691,6 +747,86 @@ static void check_empty(stress_t *st) {
                     (unsigned long long)w->checks,
                     (unsigned long long)atomic_load(&w->host_checks));
     }
+}
+
+/* --peer on: the lender, a second runtime on the same backend with the borrower's budget
+ * (and its own emulated device on the host backend), and its stream. */
+static void create_lender(stress_t *st) {
+  const stress_options_t *o = &st->o;
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.backend = st->backend;
+  /* -1: left unset, so the lender resolves SPILLWAY_DEVICE (else 0) as the borrower did */
+  if (o->peer_device >= 0) cfg.device = o->peer_device;
+  cfg.device_limit = o->budget;
+  cfg.host_limit = o->host_limit;
+  cfg.spill_dir = o->spill_dir;
+  cfg.host_device_bytes = 2 * o->budget + 64 * MiB;
+  phase(st, "spw_runtime_create (the lender)");
+  int rc = spw_runtime_create(&cfg, &st->lender);
+  if (rc != SPW_OK) {
+    char msg[512];
+    spw_config_validate(&cfg, msg, sizeof msg);
+    stress_fail(st, NULL, "--peer on: spw_runtime_create (the lender): %s: %s", spw_err_name(rc),
+                msg);
+  }
+  rc = spw_stream_create(st->lender, &st->lender_stream);
+  if (rc != SPW_OK) stress_fail(st, NULL, "spw_stream_create (the lender): %s", spw_err_name(rc));
+}
+
+/* --peer on, once the lender thread is joined (the workers still run): the lender takes
+ * back what it lends, if anything, and then nothing may be lent, nor be in lent memory. */
+static void final_reclaim(stress_t *st) {
+  phase(st, "spw_peer_reclaim at the end");
+  int rc = spw_peer_reclaim(st->lender, st->rt);
+  /* The borrower's host tier may be full for a moment, and the disk unlimited: a refusal
+   * leaves the buffers intact in lent memory, so try again while the workers go on. */
+  for (int tries = 0; tries < 100 && (rc == SPW_ERR_HOST_OUT_OF_MEMORY || rc == SPW_ERR_DISK_FULL);
+       tries++) {
+    st->reclaims_refused++;
+    sleep_s(0.02);
+    atomic_fetch_add(&st->main_heartbeat, 1);
+    rc = spw_peer_reclaim(st->lender, st->rt);
+  }
+  if (rc != (st->lent ? SPW_OK : SPW_ERR_INVALID_ARG))
+    stress_fail(st, NULL,
+                "spw_peer_reclaim at the end returned %s (%s) with %llu bytes lent, expected "
+                "%s; last error text: lender \"%s\", borrower \"%s\"",
+                spw_err_name(rc), spw_strerror(rc), (unsigned long long)st->lent,
+                st->lent ? "SPW_OK" : "SPW_ERR_INVALID_ARG (nothing lent)",
+                spw_last_error(st->lender), spw_last_error(st->rt));
+  if (rc == SPW_OK) st->reclaims++;
+  st->lent = 0;
+  spw_stats_t ls = {.struct_size = sizeof ls}, bs = {.struct_size = sizeof bs};
+  rc = spw_get_stats(st->lender, &ls);
+  if (rc == SPW_OK) rc = spw_get_stats(st->rt, &bs);
+  if (rc != SPW_OK) stress_fail(st, NULL, "spw_get_stats returned %s", spw_err_name(rc));
+  if (ls.lent_bytes || bs.peer_limit || bs.peer_bytes)
+    stress_fail(st, NULL,
+                "after spw_peer_reclaim at the end, the lender still lends %llu bytes, and the "
+                "borrower counts %llu bytes lent to it and %llu bytes of buffers in lent memory",
+                (unsigned long long)ls.lent_bytes, (unsigned long long)bs.peer_limit,
+                (unsigned long long)bs.peer_bytes);
+}
+
+/* --peer on, once every buffer is freed: the lender holds nothing, and the run used the
+ * peer tier (a run that never put a byte into lent memory checked nothing of it). */
+static void check_peer_end(stress_t *st) {
+  spw_stats_t ls = {.struct_size = sizeof ls}, bs = {.struct_size = sizeof bs};
+  int rc = spw_get_stats(st->lender, &ls);
+  if (rc == SPW_OK) rc = spw_get_stats(st->rt, &bs);
+  if (rc != SPW_OK) stress_fail(st, NULL, "spw_get_stats returned %s", spw_err_name(rc));
+  if (ls.lent_bytes || ls.buffers || ls.device_bytes || ls.host_bytes || ls.disk_bytes)
+    stress_fail(st, NULL,
+                "leak: the lender, with nothing lent and its buffers freed, counts %llu bytes "
+                "lent, %llu buffers, %llu device bytes, %llu host bytes, %llu disk bytes",
+                (unsigned long long)ls.lent_bytes, (unsigned long long)ls.buffers,
+                (unsigned long long)ls.device_bytes, (unsigned long long)ls.host_bytes,
+                (unsigned long long)ls.disk_bytes);
+  if (st->lends == 0 || bs.peer_spills == 0)
+    stress_fail(st, NULL,
+                "--peer on, yet the peer tier was not used: %llu lends, %llu spills into lent "
+                "memory (a longer run, or a smaller --budget)",
+                (unsigned long long)st->lends, (unsigned long long)bs.peer_spills);
 }
 
 static int run(stress_t *st) {
@@ -728,6 +864,7 @@ static int run(stress_t *st) {
   }
   rc = spw_stream_create(st->rt, &st->meddler_stream);
   if (rc != SPW_OK) stress_fail(st, NULL, "spw_stream_create: %s", spw_err_name(rc));
+  if (o->peer) create_lender(st);
   if (setup_workers(st) != 0) stress_fail(st, NULL, "worker setup failed");
   stress_controller_set(st, NULL, o->controller ? 1 : 0);
   stress_tracker_begin(st, st->meddler_tracker + 1);
@@ -735,7 +872,7 @@ static int run(stress_t *st) {
 
   watch_t wd = {st, 0};
   st->t0 = stress_now();
-  pthread_t watchdog, meddler, *threads = calloc((size_t)st->nworkers, sizeof *threads);
+  pthread_t watchdog, meddler, lender, *threads = calloc((size_t)st->nworkers, sizeof *threads);
   if (!threads || pthread_create(&watchdog, NULL, watchdog_main, &wd) != 0)
     stress_fail(st, NULL, "cannot start the watchdog");
   for (int i = 0; i < st->nworkers; i++)
@@ -743,10 +880,18 @@ static int run(stress_t *st) {
       stress_fail(st, NULL, "cannot start worker %d", i);
   if (o->meddler && pthread_create(&meddler, NULL, stress_meddler_main, st) != 0)
     stress_fail(st, NULL, "cannot start the meddler");
+  if (o->peer && pthread_create(&lender, NULL, stress_lender_main, st) != 0)
+    stress_fail(st, NULL, "cannot start the lender");
   phase(st, "running");
   while (stress_now() - st->t0 < o->seconds) {
     sleep_s(0.05);
     atomic_fetch_add(&st->main_heartbeat, 1);
+  }
+  if (o->peer) { /* the lender stops first: the final reclaim runs under the workers' load */
+    phase(st, "joining the lender");
+    atomic_store(&st->lender_stop, 1);
+    pthread_join(lender, NULL);
+    final_reclaim(st);
   }
   phase(st, "joining the meddler");
   atomic_store(&st->stop, 1);
@@ -784,8 +929,22 @@ static int run(stress_t *st) {
   phase(st, "checks at the end");
   stress_controller_set(st, NULL, 0);
   check_empty(st);
+  if (o->peer) check_peer_end(st);
   stress_data_finish(st);
   summary(st, elapsed);
+  /* The lender goes first, while the borrower lives on: the borrower's own destroy then
+   * runs after its lender is gone, so it must hold nothing of it any more (a stale
+   * reference would show under ASan); the other order is exercised by test_peer_tier. */
+  if (o->peer) {
+    phase(st, "spw_runtime_destroy (the lender)");
+    rc = spw_stream_destroy(st->lender, st->lender_stream);
+    if (rc != SPW_OK) stress_fail(st, NULL, "spw_stream_destroy (the lender) returned %s",
+                                  spw_err_name(rc));
+    rc = spw_runtime_destroy(st->lender);
+    if (rc != SPW_OK)
+      stress_fail(st, NULL, "spw_runtime_destroy (the lender) returned %s", spw_err_name(rc));
+    st->lender = NULL;
+  }
   phase(st, "spw_runtime_destroy");
   for (int i = 0; i < st->nworkers; i++) stress_data_fini(&st->workers[i]);
   rc = spw_runtime_destroy(st->rt);

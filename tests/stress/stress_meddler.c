@@ -10,7 +10,8 @@
  *
  * The controller (installed, replaced and removed by the workers) records every callback;
  * fails the run on a state event with an error other than the documented "skipped because
- * locked" report; names victims in `pressure`, live, locked and stale alike; and from inside
+ * locked" report (and, with --peer on, "no room to move out of lent memory"), or on a move
+ * the API does not document (documented_move); names victims in `pressure`, live, locked and stale alike; and from inside
  * callbacks spills and prefetches, and checks that the calls that would wait on the runtime
  * return SPW_ERR_WOULD_DEADLOCK. Callbacks run on any thread at once, so they draw their
  * random numbers from an atomic sequence. */
@@ -119,6 +120,17 @@ static int stable(spw_state_t s) {
   return s == SPW_STATE_RESIDENT || s == SPW_STATE_HOST || s == SPW_STATE_DISK;
 }
 
+/* The moves a state event may report (docs/api.md): between RESIDENT, HOST and DISK, save
+ * DISK -> HOST; with --peer on also RESIDENT -> PEER (a spill into lent memory), PEER ->
+ * RESIDENT (brought back), PEER -> HOST and PEER -> DISK (moved on: the lender took its
+ * memory back, or a spill to disk). Nothing goes into lent memory but from the device. */
+static int documented_move(const stress_t *st, spw_state_t from, spw_state_t to) {
+  if (from == to) return 0;
+  if (st->o.peer && from == SPW_STATE_PEER) return stable(to);
+  if (st->o.peer && to == SPW_STATE_PEER) return from == SPW_STATE_RESIDENT;
+  return stable(from) && stable(to) && !(from == SPW_STATE_DISK && to == SPW_STATE_HOST);
+}
+
 static void cb_state(void *user, const spw_state_event_t *e) {
   stress_t *st = user;
   atomic_fetch_add(&st->cb_events, 1);
@@ -129,6 +141,11 @@ static void cb_state(void *user, const spw_state_event_t *e) {
     /* a failed prefetch, reported like every failed move: legitimate only when the device
      * was locked to within less than the largest buffer at some moment of the run */
     atomic_fetch_add(&st->cb_oom_events, 1);
+  } else if (st->o.peer && e->from == SPW_STATE_PEER && e->to == SPW_STATE_PEER &&
+             (e->status == SPW_ERR_HOST_OUT_OF_MEMORY || e->status == SPW_ERR_DISK_FULL)) {
+    /* taking lent memory back found no room for this buffer: it stays there, intact, and
+     * spw_peer_reclaim returns the error (docs/api.md, "The peer tier") */
+    atomic_fetch_add(&st->cb_peer_stuck, 1);
   } else if (e->status != SPW_OK && e->status > -32 && e->from == e->to &&
              (st->o.tolerate_async & (1u << (unsigned)(-e->status)))) {
     atomic_fetch_add(&st->tolerated, 1);
@@ -138,8 +155,7 @@ static void cb_state(void *user, const spw_state_event_t *e) {
                 "in this configuration (no injected faults, disk unlimited)",
                 (unsigned long long)e->buf, (int)e->from, (int)e->to, spw_err_name(e->status),
                 spw_strerror(e->status));
-  } else if (!stable(e->from) || !stable(e->to) || e->from == e->to ||
-             (e->from == SPW_STATE_DISK && e->to == SPW_STATE_HOST)) {
+  } else if (!documented_move(st, e->from, e->to)) {
     stress_fail(st, NULL, "controller state event for buf %#llx: %d -> %d is not a documented move",
                 (unsigned long long)e->buf, (int)e->from, (int)e->to);
   } else {
@@ -252,6 +268,7 @@ static void meddle_once(stress_t *st) {
     rc = spw_buf_state(st->rt, h, &state);
     stress_note(&st->meddler_hist, OP_QUERY, rc, -1, 0, h, 0, 0, 0, 0);
     meddle_expect(st, "spw_buf_state", rc, ACC(OK) | ACC(ERR_FREED), h);
+    if (rc == SPW_OK && state == SPW_STATE_PEER) st->meddle_peer_seen++;
   }
 }
 

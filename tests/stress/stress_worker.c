@@ -597,9 +597,13 @@ static void op_query(worker_t *w) {
   stress_expect(st, w, "spw_buf_state", rc, ACC(OK), b);
   rc = spw_buf_tier(st->rt, b->h, &tier);
   stress_expect(st, w, "spw_buf_tier", rc, ACC(OK), b);
-  if (state < SPW_STATE_RESIDENT || state > SPW_STATE_UNSPILLING || tier > SPW_TIER_DISK)
+  /* The peer tier's state and tier exist only while a lender may have lent memory. */
+  spw_state_t max_state = st->o.peer ? SPW_STATE_PEER : SPW_STATE_UNSPILLING;
+  spw_tier_t max_tier = st->o.peer ? SPW_TIER_PEER : SPW_TIER_DISK;
+  if (state < SPW_STATE_RESIDENT || state > max_state || tier > max_tier)
     stress_fail(st, w, "buf %#llx: state %d, tier %d out of range", (unsigned long long)b->h,
                 (int)state, (int)tier);
+  if (state == SPW_STATE_PEER) w->peer_seen++;
   if (held_total(b) > 0 && (state != SPW_STATE_RESIDENT || tier != SPW_TIER_DEVICE))
     stress_fail(st, w, "buf %#llx is locked (held %u) but in state %d, tier %d",
                 (unsigned long long)b->h, held_total(b), (int)state, (int)tier);
