@@ -30,7 +30,7 @@
 #                one GPU it says so and exits 0. Its options in SPW_BENCH_SIZES, SPW_BENCH_TOTAL,
 #                SPW_BENCH_REPS. Not `peers`, which runs other libraries next to Spillway
 #   peer-tier    the peer tier on a 2-GPU machine (issue 23): the tests with "peer" or
-#                "device" in their name on the CUDA backend, one at a time; bench/peer_spill
+#                "multidev" in their name on the CUDA backend, one at a time; bench/peer_spill
 #                (spill to and unspill from GPU 1's lent memory against raw peer copies);
 #                oversubscribe with GPU 1 lending the whole working set (SPW_PEER_LEND, default
 #                32GiB) next to the same run without it
@@ -174,7 +174,7 @@ phase_peers_gpu() {
 }
 
 phase_peer_tier() {
-  ctest --test-dir "$build" -L gpu -R "peer|device" -j1 --output-on-failure >"$logs/ctest-peer.log" 2>&1
+  ctest --test-dir "$build" -L gpu -R "peer|multidev" -j1 --output-on-failure >"$logs/ctest-peer.log" 2>&1
   echo "peer tests rc=$?: $(grep -E 'tests passed' "$logs/ctest-peer.log")"
   grep -E "Failed|\*\*\*|Exception|Not Run" "$logs/ctest-peer.log" | head -20
   SPILLWAY_BACKEND=cuda timeout 240 "$build/bench/peer_spill" >"$logs/peer_spill.txt" 2>&1
