@@ -88,9 +88,10 @@ int bench_raw_copies(const bench_env_t *env, bench_rstream_t *rs, void *dst, con
 int bench_raw_copy_gbs(const bench_env_t *env, bench_rstream_t *rs, void *dst, const void *src,
                        size_t piece, size_t count, unsigned reps, double *gbs);
 
-/* Raw copies of `count` pieces between two devices, one way then the other (cuda: one
- * cudaMemcpyPeerAsync each, timed with events; host: memcpy between two regions); median
- * of `reps`, GB/s. The peer tier's ceiling. */
+/* Raw copies of `count` pieces between two devices, one way then the other (cuda: peer
+ * access turned on both ways where the devices have it, then one cudaMemcpyPeerAsync each,
+ * timed with events; host: memcpy between two regions); median of `reps`, GB/s. The peer
+ * tier's ceiling. */
 int bench_raw_peer_gbs(const bench_env_t *env, int dev_a, int dev_b, size_t piece, size_t count,
                        unsigned reps, double *a_to_b, double *b_to_a);
 

@@ -181,11 +181,12 @@ phase_peer_tier() {
   echo "== peer_spill rc=$?"
   tail -14 "$logs/peer_spill.txt"
   local lend
-  for lend in 0 "${SPW_PEER_LEND:-32GiB}"; do
-    SPILLWAY_BACKEND=cuda timeout 240 "$build/bench/oversubscribe" --peer-lend="$lend" \
-      >"$logs/oversubscribe-peer$lend.txt" 2>&1
-    echo "== oversubscribe --peer-lend=$lend rc=$?"
-    tail -16 "$logs/oversubscribe-peer$lend.txt"
+  for lend in "" "--peer-lend=${SPW_PEER_LEND:-32GiB}"; do
+    # shellcheck disable=SC2086 # no argument at all for the run without a peer tier
+    SPILLWAY_BACKEND=cuda timeout 240 "$build/bench/oversubscribe" $lend \
+      >"$logs/oversubscribe${lend:+-peer}.txt" 2>&1
+    echo "== oversubscribe ${lend:-(host link only)} rc=$?"
+    tail -16 "$logs/oversubscribe${lend:+-peer}.txt"
   done
 }
 
