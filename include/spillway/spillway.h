@@ -27,11 +27,10 @@
  *
  * Several devices: a runtime serves one device (spw_config_t.device); use one runtime per
  * device. A stream of another device is never used: spw_stream_register refuses it with
- * SPW_ERR_WRONG_DEVICE, and every call that takes a stream returns SPW_ERR_WRONG_DEVICE
- * for it where the backend can tell (host backend: a stream of another runtime whose device
- * ordinal differs), else SPW_ERR_INVALID_STREAM, as for any stream unknown to the runtime.
- * spw_last_error then names both devices. A buffer handle of another runtime, whatever
- * its device, is SPW_ERR_INVALID_HANDLE.
+ * SPW_ERR_WRONG_DEVICE (spw_last_error names both devices), and every other call that takes
+ * a stream returns SPW_ERR_INVALID_STREAM for it, as for any stream unknown to the runtime
+ * (host backend: a stream of any other runtime). A buffer handle of another runtime,
+ * whatever its device, is SPW_ERR_INVALID_HANDLE.
  */
 #ifndef SPILLWAY_SPILLWAY_H
 #define SPILLWAY_SPILLWAY_H
