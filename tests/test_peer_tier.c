@@ -12,6 +12,8 @@
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
+#include <stdio.h>
+#include <string.h>
 
 #include "test_main.h"
 #include "test_util.h"
@@ -279,6 +281,35 @@ static void destroying_the_borrower_first_gives_the_memory_back(void) {
   ASSERT_EQ(stats_of(lender).device_bytes, used);
 }
 
+static void the_trace_counts_bytes_in_lent_memory(void) {
+  char path[600];
+  snprintf(path, sizeof path, "%s/trace.json", spill_dir);
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.device_limit = 16 * MIB;
+  cfg.host_device_bytes = 256 * MIB;
+  cfg.spill_dir = spill_dir;
+  cfg.trace_path = path;
+  cfg.log_level = SPW_LOG_WARN;
+  ASSERT_OK(spw_runtime_destroy(borrower));
+  borrower = test_runtime(&cfg);
+  ASSERT_OK(spw_stream_create(borrower, &bs));
+  ASSERT_OK(spw_peer_lend(lender, borrower, 16 * MIB));
+  spw_buf_t b[2];
+  fill_and_spill(b, 2);
+  expect_intact(b, 2);
+  ASSERT_OK(spw_runtime_destroy(borrower)); /* writes the rest of the trace */
+  borrower = NULL;
+  FILE *f = fopen(path, "r");
+  ASSERT_TRUE(f != NULL);
+  static char text[1 << 20];
+  size_t n = fread(text, 1, sizeof text - 1, f);
+  fclose(f);
+  text[n] = 0;
+  ASSERT_TRUE(strstr(text, "\"name\":\"peer\"") != NULL);          /* the tier counter */
+  ASSERT_TRUE(strstr(text, "\"name\":\"spill to peer\"") != NULL); /* the moves */
+  ASSERT_TRUE(strstr(text, "\"name\":\"unspill from peer\"") != NULL);
+}
+
 static void bad_arguments_are_refused(void) {
   ASSERT_EQ(spw_peer_lend(NULL, borrower, 16 * MIB), SPW_ERR_INVALID_ARG);
   ASSERT_EQ(spw_peer_lend(lender, NULL, 16 * MIB), SPW_ERR_INVALID_ARG);
@@ -287,6 +318,10 @@ static void bad_arguments_are_refused(void) {
   ASSERT_EQ(spw_peer_lend(lender, borrower, 1ull << 40), SPW_ERR_INVALID_ARG);
   ASSERT_EQ(spw_peer_reclaim(lender, borrower), SPW_ERR_INVALID_ARG); /* nothing lent */
   ASSERT_EQ(spw_peer_reclaim(NULL, borrower), SPW_ERR_INVALID_ARG);
+  spw_buf_t one = filled(BUF, 7); /* a spill names HOST; lent memory is part of it */
+  ASSERT_EQ(spw_spill(borrower, one, SPW_TIER_PEER), SPW_ERR_INVALID_ARG);
+  ASSERT_TRUE(strstr(spw_last_error(borrower), "SPW_TIER_HOST") != NULL);
+  ASSERT_EQ(spw_spill_n(borrower, &one, 1, SPW_TIER_PEER), SPW_ERR_INVALID_ARG);
   ASSERT_OK(spw_peer_lend(lender, borrower, 16 * MIB));
   ASSERT_EQ(spw_peer_lend(lender, borrower, 16 * MIB), SPW_ERR_BUSY);  /* one lender each */
   ASSERT_EQ(spw_peer_lend(borrower, lender, 2 * MIB), SPW_ERR_BUSY);   /* no lending back */
@@ -415,6 +450,7 @@ static const spw_test_t tests[] = {
     TEST(controller_events_name_the_peer_tier),
     TEST(destroying_the_lender_first_moves_the_buffers_on),
     TEST(destroying_the_borrower_first_gives_the_memory_back),
+    TEST(the_trace_counts_bytes_in_lent_memory),
     TEST(bad_arguments_are_refused),
     TEST(lending_in_a_cycle_is_refused),
     TEST(buffers_survive_memory_taken_back_and_lent_again_under_traffic),
