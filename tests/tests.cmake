@@ -58,6 +58,9 @@ endif()
 spw_behaviour_test(test_launch)
 spw_behaviour_test(test_launch_kernel SEAM)
 spw_behaviour_test(test_launch_faults SEAM)
+# spw_graph_launch (issue 21): launches of the host backend's graph stand-in, and every
+# refusal; a SEAM test for the fault shim. A real CUDA graph: test_stable_graph below.
+spw_behaviour_test(test_graph_launch SEAM)
 include(${CMAKE_CURRENT_SOURCE_DIR}/launch_tests.cmake)
 
 # A runtime killed (SIGKILL) while spilling to disk leaves no file behind, under both

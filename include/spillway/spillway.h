@@ -336,7 +336,8 @@ SPW_API SPW_NODISCARD int spw_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_
  * smaller than it share reserved pages with other small ones); spilling it unmaps its
  * physical memory and unspilling maps physical memory back at the same address, so raw
  * pointers to it stay meaningful while it is not resident, though they may be
- * dereferenced only under a lock, as for any buffer. It counts against the device limit
+ * dereferenced only under a lock, as for any buffer (a CUDA graph captured over it holds
+ * none: launch it with spw_graph_launch). It counts against the device limit
  * by its size, as other buffers do. Stream semantics as spw_alloc's, except that the memory
  * is usable by every stream when the call returns. Errors: as spw_alloc, plus
  * SPW_ERR_INVALID_ARG (unknown flag bits, both flags), SPW_ERR_UNSUPPORTED (a stable buffer
@@ -783,6 +784,52 @@ static inline const void *spw_host_kernel(spw_host_kernel_fn fn) {
 SPW_API int spw_launch_kernel(spw_runtime_t *rt, const void *func, spw_dim3_t grid,
                               spw_dim3_t block, const spw_kernel_arg_t *args, size_t nargs,
                               size_t shared_bytes, spw_stream_t stream, unsigned flags);
+
+/* CUDA graphs over deferrable buffers. A graph keeps the device pointers it was captured
+ * with, so the rule is: a graph may use Spillway buffers only if they are address-stable
+ * (SPW_ALLOC_STABLE), and only when it is launched through spw_graph_launch, which holds
+ * their locks while it runs. Launched any other way, nothing keeps the buffers on the
+ * device under it (docs/api.md, "CUDA graphs").
+ *
+ * The host backend has no graphs: its stand-in is a spw_host_graph_t, whose fn(user) runs
+ * once per launch on the stream's worker thread, in stream order (as a host function:
+ * it must not call Spillway). fn and user are read when the launch is enqueued; the struct
+ * may be reused at once. Pass its address as graph_exec. */
+typedef struct spw_host_graph_s {
+  void (*fn)(void *user);
+  void *user;
+} spw_host_graph_t;
+
+#define SPW_GRAPH_BUFS_MAX 65536u /* buffers of one graph launch */
+
+/* Launches an instantiated CUDA graph whose kernels use the address-stable buffers
+ * args[0..n): acquires them all on `stream` (all or nothing, each with its own flags;
+ * spilled ones come back at the addresses the graph captured), launches the graph on
+ * `stream` (cudaGraphLaunch), and releases exactly those locks once the graph has completed,
+ * as spw_lock_and_launch does with the same `flags` (0: without blocking; SPW_LAUNCH_BLOCK;
+ * SPW_LAUNCH_KEEP_LOCKS). The graph may be launched again at once: each launch takes and
+ * releases its own locks, and the buffers may be spilled between launches.
+ *
+ * `graph_exec`: on the CUDA backend a cudaGraphExec_t cast to const void * (a driver
+ * object: it may come from any CUDA runtime of the process, the application's or
+ * Spillway's), instantiated on this runtime's device; on the host backend a
+ * spw_host_graph_t *. Every offset in args must be 0: a graph's kernels got their pointers
+ * at capture, and an offset could not reach them. List every Spillway buffer the graph
+ * touches; a buffer the graph only reads may carry SPW_ACQUIRE_READ.
+ *
+ * Errors: SPW_ERR_INVALID_ARG (rt NULL; graph_exec NULL; args NULL; n 0 or past
+ * SPW_GRAPH_BUFS_MAX; bad flags; and, named in spw_last_error as "graph argument 2 (buffer
+ * 0x...): ...", a buffer that is not address-stable, an offset not 0, unknown flag bits or
+ * reserved not 0; on the host backend a spw_host_graph_t with fn NULL), SPW_ERR_INVALID_STREAM
+ * (unknown stream, or one of another runtime), SPW_ERR_WOULD_DEADLOCK (SPW_LAUNCH_BLOCK from
+ * a controller callback), the acquire errors of a buffer (SPW_ERR_FREED, SPW_ERR_INVALID_HANDLE
+ * and the others of spw_acquire, named the same way), SPW_ERR_CUDA (the launch failed:
+ * nothing was launched, nothing stays locked, spw_last_error has CUDA's text), and the
+ * release's errors after a launch (spw_lock_and_launch). On every error before the launch
+ * nothing stays locked. Thread-safe; a graph exec may not be launched by two threads at
+ * once (CUDA's rule), but different ones may. */
+SPW_API int spw_graph_launch(spw_runtime_t *rt, const void *graph_exec, const spw_buf_arg_t *args,
+                             size_t n, spw_stream_t stream, unsigned flags);
 
 /* ======================================================================================
  * end of launch wrappers

@@ -13,6 +13,13 @@
  *   spw::lock_and_launch_async(stream, f, args...)    keep the locks in the stream's lock map
  *   spw::sync_and_unlock(stream)                      spw_stream_synchronize
  *
+ * and the CUDA graph launchers over address-stable buffers (spw_graph_launch):
+ *
+ *   spw::graph_launch(stream, graph_exec, buffers...)           release once the graph has
+ *                                                              completed, without blocking
+ *   spw::graph_launch_blocking(stream, graph_exec, buffers...)  block until then, then release
+ *   spw::graph_launch_async(stream, graph_exec, buffers...)     keep the locks in the lock map
+ *
  * Each calls f(stream.get(), mapped args...), where every Buffer argument is acquired on the
  * stream (all of them or none) and handed to f as a View: Buffer<T>& as View<T>, a const
  * Buffer<T>& or spw::read_only(buffer) as View<const T> (acquired SPW_ACQUIRE_READ), and
@@ -206,6 +213,15 @@ class Buffer {
       detail::fail(rt_, SPW_ERR_INVALID_ARG, "spw::Buffer");
     detail::check(rt_, spw_alloc(rt_, count * sizeof(T), s.get(), &buf_), "spw_alloc");
   }
+  /* spw_alloc_ex with `alloc_flags`: SPW_ALLOC_STABLE for an address-stable buffer (which a
+   * CUDA graph may use, through spw::graph_launch), SPW_ALLOC_MOVABLE for an ordinary one. */
+  Buffer(const Stream &s, std::size_t count, unsigned alloc_flags)
+      : rt_(s.runtime()), count_(count) {
+    if (count == 0 || count > SPW_MAX_BUFFER_BYTES / sizeof(T))
+      detail::fail(rt_, SPW_ERR_INVALID_ARG, "spw::Buffer");
+    detail::check(rt_, spw_alloc_ex(rt_, count * sizeof(T), s.get(), alloc_flags, &buf_),
+                  "spw_alloc_ex");
+  }
   ~Buffer() { reset(); }
   Buffer(Buffer &&o) noexcept
       : rt_(o.rt_), buf_(std::exchange(o.buf_, SPW_BUF_NULL)), count_(std::exchange(o.count_, 0)) {}
@@ -238,6 +254,11 @@ class Buffer {
     spw_state_t s{};
     detail::check(rt_, spw_buf_state(rt_, buf_, &s), "spw_buf_state");
     return s;
+  }
+  bool is_stable() const {
+    int st = 0;
+    detail::check(rt_, spw_buf_is_stable(rt_, buf_, &st), "spw_buf_is_stable");
+    return st != 0;
   }
   std::uint32_t lock_count() const {
     std::uint32_t n = 0;
@@ -528,6 +549,46 @@ int launch_status(const Stream &s, F &&f, A &&...a) noexcept {
   }
 }
 
+/* The buffers of one graph launch, described and checked, then spw_graph_launch. *why as
+ * for acquire. */
+template <mode M, class... A>
+int graph_status(const Stream &s, const void *graph_exec, const char **why, A &&...a) noexcept {
+  static_assert(sizeof...(A) > 0, "spw::graph_launch: name the buffers the graph uses");
+  static_assert((is_buf_v<A> && ...),
+                "spw::graph_launch takes only buffers (spw::Buffer, spw::read_only(buffer)): a "
+                "graph's other arguments were fixed at capture");
+  constexpr std::size_t n = sizeof...(A);
+  std::array<spw_buf_arg_t, n> args{};
+  std::array<spw_runtime_t *, n> rts{};
+  std::size_t i = 0;
+  bool fit = true;
+  ((fit &= describe(std::forward<A>(a), rts[i], args[i]), i++), ...);
+  *why = nullptr;
+  if (!fit) {
+    *why = "a slice runs past the end of its buffer";
+    return SPW_ERR_INVALID_ARG;
+  }
+  for (std::size_t k = 0; k < n; k++) {
+    if (rts[k] != s.runtime() && args[k].buf != SPW_BUF_NULL) {
+      *why = "a Buffer argument belongs to another runtime than the stream";
+      return SPW_ERR_INVALID_HANDLE;
+    }
+  }
+  unsigned flags = M == mode::block  ? SPW_LAUNCH_BLOCK
+                   : M == mode::keep ? SPW_LAUNCH_KEEP_LOCKS
+                                     : 0u;
+  return spw_graph_launch(s.runtime(), graph_exec, args.data(), n, s.get(), flags);
+}
+
+template <mode M, class... A>
+void graph_launch(const char *name, const Stream &s, const void *graph_exec, A &&...a) {
+  const char *why = nullptr;
+  int st = graph_status<M>(s, graph_exec, &why, std::forward<A>(a)...);
+  if (st != SPW_OK && why)
+    throw error(st, std::string(name) + ": " + spw_err_name(st) + ": " + why);
+  check(s.runtime(), st, name, true); /* spw_last_error names the failing buffer */
+}
+
 }  // namespace detail
 
 /* lockAndLaunch: acquires the buffer arguments on `s`, calls f(s.get(), mapped args...),
@@ -576,6 +637,51 @@ int lock_and_launch_async(const std::nothrow_t &, const Stream &s, F &&f, A &&..
 }
 inline int sync_and_unlock(const std::nothrow_t &, const Stream &s) noexcept {
   return spw_stream_synchronize(s.runtime(), s.get());
+}
+
+/* spw_graph_launch: acquires the buffers on `s` (all address-stable; spilled ones come back
+ * at the addresses the graph captured), launches `graph_exec` on `s` (a cudaGraphExec_t;
+ * host backend: a spw_host_graph_t *), and releases those locks once the graph has
+ * completed, without blocking. The arguments are buffers only: Buffer<T>& (or a slice
+ * starting at element 0), or spw::read_only(buffer) for one the graph only reads. Every
+ * buffer the graph touches must be listed. Throws spw::error (spw_last_error's text names
+ * a refused buffer, "graph argument 1 (buffer 0x...): ... not address-stable"). */
+template <class... A>
+void graph_launch(const Stream &s, const void *graph_exec, A &&...bufs) {
+  detail::graph_launch<detail::mode::release>("spw::graph_launch", s, graph_exec,
+                                              std::forward<A>(bufs)...);
+}
+/* The same, blocking until the graph has completed; on return the locks are gone. */
+template <class... A>
+void graph_launch_blocking(const Stream &s, const void *graph_exec, A &&...bufs) {
+  detail::graph_launch<detail::mode::block>("spw::graph_launch_blocking", s, graph_exec,
+                                            std::forward<A>(bufs)...);
+}
+/* The locks stay in the stream's lock map, for sync_and_unlock (or Stream::release_async). */
+template <class... A>
+void graph_launch_async(const Stream &s, const void *graph_exec, A &&...bufs) {
+  detail::graph_launch<detail::mode::keep>("spw::graph_launch_async", s, graph_exec,
+                                           std::forward<A>(bufs)...);
+}
+/* The status-returning forms: SPW_OK or a negative spw_status_t. */
+template <class... A>
+int graph_launch(const std::nothrow_t &, const Stream &s, const void *graph_exec,
+                 A &&...bufs) noexcept {
+  const char *why = nullptr;
+  return detail::graph_status<detail::mode::release>(s, graph_exec, &why,
+                                                     std::forward<A>(bufs)...);
+}
+template <class... A>
+int graph_launch_blocking(const std::nothrow_t &, const Stream &s, const void *graph_exec,
+                          A &&...bufs) noexcept {
+  const char *why = nullptr;
+  return detail::graph_status<detail::mode::block>(s, graph_exec, &why, std::forward<A>(bufs)...);
+}
+template <class... A>
+int graph_launch_async(const std::nothrow_t &, const Stream &s, const void *graph_exec,
+                       A &&...bufs) noexcept {
+  const char *why = nullptr;
+  return detail::graph_status<detail::mode::keep>(s, graph_exec, &why, std::forward<A>(bufs)...);
 }
 
 }  // namespace spw

@@ -1,9 +1,11 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The launch wrappers: RMMEP-1's lockAndLaunch and lockAndLaunchAsync for any function
  * (spw_lock_and_launch, spw_lock_and_launch_async), the kernel launcher (spw_launch_kernel),
- * and the two calls they are made of that the API lacked: an acquire with flags and an
- * offset per buffer (spw_acquire_args) and a stream wait that releases nothing
- * (spw_stream_wait).
+ * the graph launcher (spw_graph_launch: address-stable buffers only), and the two calls they
+ * are made of that the API lacked: an acquire with flags and an offset per buffer
+ * (spw_acquire_args) and a stream wait that releases nothing (spw_stream_wait). The kernel
+ * and the graph launcher end alike (after_launch): a launch the backend refused drops its
+ * locks at once, an accepted one releases them as the flags say.
  *
  * Built on what the public calls do: spw_acquire one buffer at a time (so a failure knows
  * which argument it was), spw_release to undo, and spw_release_n_async for the release of
@@ -30,6 +32,8 @@
 
 #define ARG_FLAGS (SPW_ACQUIRE_READ | SPW_ACQUIRE_TRY)
 #define LAUNCH_FLAGS (SPW_LAUNCH_BLOCK | SPW_LAUNCH_KEEP_LOCKS)
+/* Unknown bits, or both ways of releasing at once. */
+#define BAD_LAUNCH_FLAGS(f) (((f) & ~LAUNCH_FLAGS) || ((f) & LAUNCH_FLAGS) == LAUNCH_FLAGS)
 #define STACK_ARGS 32
 
 /* ---- errors ---------------------------------------------------------------------------- */
@@ -127,6 +131,24 @@ static int release_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf
   return st;
 }
 
+/* The end of a launch through the backend (a kernel, a graph), whose locks a[0..n) were
+ * taken on `stream`: `launched` is the backend's status. A refused launch ran nothing, so
+ * nothing can be using the buffers: its locks go at once and spw_last_error says "<what>:
+ * <the backend's text>". Otherwise the locks go as `flags` say (spw_lock_and_launch). */
+static int after_launch(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_arg_t *a,
+                        size_t n, spw_stream_t stream, unsigned flags, int launched,
+                        const char *what) {
+  if (launched != SPW_OK) {
+    char detail[384];
+    snprintf(detail, sizeof detail, "%s",
+             spw_status_has_detail(launched) ? spw_last_error(rt) : "");
+    undo(rt, a, n, stream);
+    return spw__set_error(rt, launched, "%s: %s", what, *detail ? detail : spw_strerror(launched));
+  }
+  if (flags & SPW_LAUNCH_KEEP_LOCKS) return SPW_OK;
+  return release_after(rt, e, a, n, stream, flags & SPW_LAUNCH_BLOCK);
+}
+
 /* ---- public calls ---------------------------------------------------------------------- */
 
 int spw_stream_wait(spw_runtime_t *rt, spw_stream_t stream) {
@@ -157,8 +179,7 @@ int spw_acquire_args(spw_runtime_t *rt, const spw_buf_arg_t *args, size_t n, spw
 
 int spw_lock_and_launch(spw_runtime_t *rt, const spw_buf_arg_t *args, size_t n,
                         spw_stream_t stream, unsigned flags, spw_launch_fn fn, void *user) {
-  if (!rt || !fn || (n > 0 && !args) || n > SIZE_MAX / sizeof(void *) ||
-      (flags & ~LAUNCH_FLAGS) || (flags & LAUNCH_FLAGS) == LAUNCH_FLAGS)
+  if (!rt || !fn || (n > 0 && !args) || n > SIZE_MAX / sizeof(void *) || BAD_LAUNCH_FLAGS(flags))
     return SPW_ERR_INVALID_ARG;
   if ((flags & SPW_LAUNCH_BLOCK) && spw__in_callback(rt)) return SPW_ERR_WOULD_DEADLOCK;
   spw_stream_entry_t *e;
@@ -209,8 +230,7 @@ int spw_launch_kernel(spw_runtime_t *rt, const void *func, spw_dim3_t grid, spw_
                       const spw_kernel_arg_t *args, size_t nargs, size_t shared_bytes,
                       spw_stream_t stream, unsigned flags) {
   if (!rt || !func || !grid.x || !grid.y || !grid.z || !block.x || !block.y || !block.z ||
-      nargs > SPW_KERNEL_ARGS_MAX || (nargs > 0 && !args) || (flags & ~LAUNCH_FLAGS) ||
-      (flags & LAUNCH_FLAGS) == LAUNCH_FLAGS)
+      nargs > SPW_KERNEL_ARGS_MAX || (nargs > 0 && !args) || BAD_LAUNCH_FLAGS(flags))
     return SPW_ERR_INVALID_ARG;
   if ((flags & SPW_LAUNCH_BLOCK) && spw__in_callback(rt)) return SPW_ERR_WOULD_DEADLOCK;
   size_t bytes = 0;
@@ -265,16 +285,51 @@ int spw_launch_kernel(spw_runtime_t *rt, const void *func, spw_dim3_t grid, spw_
     }
     st = rt->ops->launch_kernel(rt->be, e->bstream, func, grid, block, shared_bytes, k.vals,
                                 k.sizes, nargs);
-    if (st != SPW_OK) {
-      /* Nothing was launched: nothing can be using the buffers. */
-      char detail[384];
-      snprintf(detail, sizeof detail, "%s", spw_last_error(rt));
-      undo(rt, k.bufs, nb, stream);
-      spw__set_error(rt, st, "kernel launch: %s", *detail ? detail : spw_strerror(st));
-    } else if (!(flags & SPW_LAUNCH_KEEP_LOCKS)) {
-      st = release_after(rt, e, k.bufs, nb, stream, flags & SPW_LAUNCH_BLOCK);
-    }
+    st = after_launch(rt, e, k.bufs, nb, stream, flags, st, "kernel launch");
   }
   free(heap);
   return st;
+}
+
+int spw_graph_launch(spw_runtime_t *rt, const void *graph_exec, const spw_buf_arg_t *args,
+                     size_t n, spw_stream_t stream, unsigned flags) {
+  if (!rt) return SPW_ERR_INVALID_ARG;
+  if (!graph_exec || !args || n == 0 || n > SPW_GRAPH_BUFS_MAX || BAD_LAUNCH_FLAGS(flags))
+    return spw__set_error(rt, SPW_ERR_INVALID_ARG, "graph launch: %s",
+                          !graph_exec ? "graph_exec is NULL"
+                          : !args     ? "args is NULL"
+                          : n == 0    ? "no buffers (n is 0)"
+                          : n > SPW_GRAPH_BUFS_MAX ? "more buffers than SPW_GRAPH_BUFS_MAX"
+                                                   : "unknown launch flags, or both");
+  if ((flags & SPW_LAUNCH_BLOCK) && spw__in_callback(rt))
+    return spw__set_error(rt, SPW_ERR_WOULD_DEADLOCK, "graph launch: SPW_LAUNCH_BLOCK from a "
+                          "controller callback");
+  spw_stream_entry_t *e;
+  int st = spw__stream_entry(rt, stream, &e);
+  if (st != SPW_OK)
+    return spw__set_error(rt, st, "graph launch: stream %p: %s", (void *)stream,
+                          spw_strerror(st));
+  /* A graph kept the addresses it was captured with: only a buffer that comes back at its
+   * address may be under one, and an offset could not reach the graph's kernels. Whether a
+   * buffer is stable never changes, so checking before the acquire is enough. */
+  for (size_t i = 0; i < n; i++) {
+    int stable = 0;
+    if ((st = spw_buf_is_stable(rt, args[i].buf, &stable)) != SPW_OK)
+      return arg_failed(rt, st, "graph argument", i, args[i].buf);
+    if (!stable || args[i].offset != 0)
+      return spw__set_error(rt, SPW_ERR_INVALID_ARG, "graph argument %zu (buffer 0x%016" PRIx64
+                            "): SPW_ERR_INVALID_ARG: %s", i, (uint64_t)args[i].buf,
+                            !stable ? "not address-stable (a graph keeps the addresses it was "
+                                      "captured with; allocate it with SPW_ALLOC_STABLE)"
+                                    : "offset not 0 (a graph's kernels got their pointers at "
+                                      "capture)");
+  }
+  void *stack[STACK_ARGS];
+  void **dptrs = n <= STACK_ARGS ? stack : malloc(n * sizeof *dptrs);
+  if (!dptrs) return SPW_ERR_SYSTEM;
+  st = acquire_list(rt, e, args, n, stream, dptrs, "graph argument", NULL);
+  if (dptrs != stack) free(dptrs); /* the graph has its pointers: these are not needed */
+  if (st != SPW_OK) return st;
+  st = rt->ops->graph_launch(rt->be, e->bstream, graph_exec);
+  return after_launch(rt, e, args, n, stream, flags, st, "graph launch");
 }

@@ -129,6 +129,12 @@ typedef struct spw_backend_ops {
                        spw_dim3_t block, size_t shared_bytes, void **args, const size_t *sizes,
                        size_t nargs);
 
+  /* Launches an instantiated graph on the stream (cudaGraphLaunch). cuda: `graph_exec` is a
+   * cudaGraphExec_t. host: a spw_host_graph_t *, whose fn and user are read now and fn(user)
+   * run once on the stream's worker (SPW_ERR_INVALID_ARG when fn is NULL). The caller has
+   * checked that graph_exec is not NULL. */
+  int (*graph_launch)(spw_backend_t *b, spw_stream_t s, const void *graph_exec);
+
   /* The peer tier (core/peer.h): memory of this device that another runtime's device
    * reads and writes through unified addresses.
    *  - peer_access: lets this backend's device reach `peer_device`'s memory (kernels and

@@ -631,6 +631,16 @@ static int cuda_launch_kernel(spw_backend_t *b, spw_stream_t st, const void *fun
   return e == cudaSuccess ? SPW_OK : fail_as(cb, e, SPW_ERR_CUDA);
 }
 
+static int cuda_graph_launch(spw_backend_t *b, spw_stream_t st, const void *graph_exec) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  /* As for a kernel, a refused launch is never out of memory: the buffers are on the device,
+   * and a graph's own allocations (memory nodes) are CUDA's, not the budget's. */
+  cudaError_t e = cudaGraphLaunch((cudaGraphExec_t)(uintptr_t)graph_exec, st);
+  return e == cudaSuccess ? SPW_OK : fail_as(cb, e, SPW_ERR_CUDA);
+}
+
 const spw_backend_ops_t spw__backend_cuda_ops = {
     .name = "cuda",
     .kind = SPW_BACKEND_CUDA,
@@ -657,6 +667,7 @@ const spw_backend_ops_t spw__backend_cuda_ops = {
     .host_unregister = cuda_host_unregister,
     .launch_host_func = cuda_launch_host_func,
     .launch_kernel = cuda_launch_kernel,
+    .graph_launch = cuda_graph_launch,
     .peer_access = cuda_peer_access,
     .peer_alloc = cuda_peer_alloc,
     .peer_free = cuda_peer_free,

@@ -139,6 +139,11 @@ static int sh_launch_kernel(spw_backend_t *b, spw_stream_t st, const void *func,
   return SHIM(b)->ops->launch_kernel(INNER(b), st, func, grid, block, shared, args, sizes, nargs);
 }
 
+static int sh_graph_launch(spw_backend_t *b, spw_stream_t st, const void *graph_exec) {
+  FAIL_IF(SPW_FAULT_LAUNCH, st, SPW_ERR_CUDA);
+  return SHIM(b)->ops->graph_launch(INNER(b), st, graph_exec);
+}
+
 static int sh_vm_granularity(spw_backend_t *b, size_t *out) {
   if (!SHIM(b)->ops->vm_granularity) return SPW_ERR_UNSUPPORTED;
   return SHIM(b)->ops->vm_granularity(INNER(b), out);
@@ -197,6 +202,7 @@ static const spw_backend_ops_t shim_ops = {
     .host_unregister = sh_host_unregister,
     .launch_host_func = sh_launch_host_func,
     .launch_kernel = sh_launch_kernel,
+    .graph_launch = sh_graph_launch,
     .vm_granularity = sh_vm_granularity,
     .vm_reserve = sh_vm_reserve,
     .vm_free = sh_vm_free,

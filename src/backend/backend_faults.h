@@ -28,7 +28,7 @@ typedef enum spw_fault {
   SPW_FAULT_STREAM_CREATE, /* stream_create -> SPW_ERR_CUDA */
   SPW_FAULT_HOST_FUNC,     /* launch_host_func -> SPW_ERR_CUDA */
   SPW_FAULT_MEM_INFO,      /* mem_info -> SPW_ERR_CUDA */
-  SPW_FAULT_LAUNCH,        /* launch_kernel -> SPW_ERR_CUDA */
+  SPW_FAULT_LAUNCH,        /* launch_kernel, graph_launch -> SPW_ERR_CUDA */
   SPW_FAULT_COUNT_
 } spw_fault_t;
 

@@ -744,6 +744,14 @@ static int host_launch_kernel(spw_backend_t *b, spw_stream_t s, const void *func
   return SPW_OK;
 }
 
+/* There are no graphs here either: `graph_exec` is a spw_host_graph_t, read now (the caller
+ * may reuse it at once), whose fn(user) runs on the stream's worker like a host function. */
+static int host_graph_launch(spw_backend_t *b, spw_stream_t s, const void *graph_exec) {
+  const spw_host_graph_t *g = graph_exec;
+  if (!g || !g->fn) return SPW_ERR_INVALID_ARG;
+  return host_launch_host_func(b, s, g->fn, g->user);
+}
+
 /* ---- address-stable memory ---------------------------------------------------------------- */
 
 /* ---- the peer tier: every emulated device is in this process's memory ----------------- */
@@ -875,6 +883,7 @@ const spw_backend_ops_t spw__backend_host_ops = {
     .host_unregister = host_host_unregister,
     .launch_host_func = host_launch_host_func,
     .launch_kernel = host_launch_kernel,
+    .graph_launch = host_graph_launch,
     .peer_access = host_peer_access,
     .peer_alloc = host_peer_alloc,
     .peer_free = host_peer_free,

@@ -353,6 +353,7 @@ CLOSED_CALLS = {
     "release_async": lambda rt, b: rt.release_async(),
     "acquire_n": lambda rt, b: rt.acquire_n([b]),
     "release_n_async": lambda rt, b: rt.release_n_async([b]),
+    "graph_launch": lambda rt, b: rt.graph_launch(1, [b]),
     "spill": lambda rt, b: rt.spill(b),
     "prefetch": lambda rt, b: rt.prefetch(b),
     "wait_idle": lambda rt, b: rt.wait_idle(),
@@ -388,7 +389,8 @@ def test_no_call_raises_overflow_error_for_a_huge_int(rt):
     calls = [lambda v: rt.alloc(v), lambda v: b.acquire(v), lambda v: b.spill(v),
              lambda v: rt.memcpy(v, v, v), lambda v: spillway.stream_handle(v),
              lambda v: spillway.parse_size(v), lambda v: c.err_name(v),
-             lambda v: spillway.DeferrableArray(rt, v, np.uint8)]
+             lambda v: spillway.DeferrableArray(rt, v, np.uint8),
+             lambda v: rt.graph_launch(v, [b])]
     for call in calls:
         for v in huge:
             try:

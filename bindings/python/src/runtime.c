@@ -534,6 +534,73 @@ static PyObject *runtime_acquire_n(PyObject *self, PyObject *args, PyObject *kwd
   return res;
 }
 
+/* graph_launch(graph_exec, buffers, stream=None, read=False, block=False): spw_graph_launch.
+ * graph_exec is an int (a cudaGraphExec_t's address: int() of a cuda.bindings handle; host
+ * backend: a spw_host_graph_t's address), TypeError for anything else (bool included),
+ * ValueError for 0, a negative one or one past a pointer. First under the GIL with
+ * SPW_ACQUIRE_TRY (every buffer on the device: nothing waits), then, if one is not, without
+ * the GIL; SPW_LAUNCH_BLOCK always without it. */
+typedef struct graph_args {
+  const void *exec;
+  spw_buf_arg_t *args;
+  size_t n;
+  unsigned flags;
+} graph_args_t;
+
+static int graph_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
+  graph_args_t *a = ctx;
+  return spw_graph_launch(r->rt, a->exec, a->args, a->n, s, a->flags);
+}
+
+static PyObject *runtime_graph_launch(PyObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"graph_exec", "buffers", "stream", "read", "block", NULL};
+  spwpy_runtime_t *r = R(self);
+  PyObject *gobj, *seq, *sobj = Py_None;
+  int read = 0, block = 0;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|Opp", kwlist, &gobj, &seq, &sobj, &read,
+                                   &block))
+    return NULL;
+  if (!PyLong_Check(gobj) || PyBool_Check(gobj))
+    return PyErr_Format(PyExc_TypeError, "graph_exec must be an int (a cudaGraphExec_t "
+                        "handle's address, e.g. int(handle)), not %R", (PyObject *)Py_TYPE(gobj));
+  /* Negative or past 64 bits: OverflowError, reported as the ValueError below. */
+  unsigned long long v = PyLong_AsUnsignedLongLong(gobj);
+  int bad = v == (unsigned long long)-1 && PyErr_Occurred();
+  if (bad) {
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError)) return NULL;
+    PyErr_Clear();
+  }
+  if (bad || v == 0 || (uintmax_t)v != (uintmax_t)(uintptr_t)v)
+    return PyErr_Format(PyExc_ValueError, "graph_exec must be a nonzero address (0 < "
+                        "graph_exec < 2**%d), not %R", (int)(sizeof(void *) * 8), gobj);
+  LIVE(r);
+  spw_stream_t s;
+  if (spwpy_stream_from(sobj, &s) < 0) return NULL;
+  spw_buf_t *bufs;
+  size_t n;
+  if (collect(r, seq, &bufs, &n) < 0) return NULL;
+  spw_buf_arg_t *a = malloc(n * sizeof *a);
+  if (!a) {
+    free(bufs);
+    return PyErr_NoMemory();
+  }
+  unsigned flags = read ? SPW_ACQUIRE_READ : 0;
+  for (size_t i = 0; i < n; i++) a[i] = spw_buf_arg(bufs[i], 0, flags | SPW_ACQUIRE_TRY);
+  free(bufs);
+  graph_args_t g = {(const void *)(uintptr_t)v, a, n, block ? SPW_LAUNCH_BLOCK : 0u};
+  int st = SPW_ERR_NOT_READY;
+  if (!block) st = spwpy_on_stream(r, s, graph_op, &g, 0);
+  if (st == SPW_ERR_NOT_READY && spwpy_in_callback) st = SPW_ERR_WOULD_DEADLOCK;
+  if (st == SPW_ERR_NOT_READY) {
+    for (size_t i = 0; i < n; i++) a[i].flags = flags;
+    st = spwpy_on_stream(r, s, graph_op, &g, 1);
+  }
+  free(a);
+  /* The launch names the failing buffer in spw_last_error for every status it returns. */
+  if (st != SPW_OK) return spwpy_raise_detail(st, spw_last_error(r->rt));
+  Py_RETURN_NONE;
+}
+
 /* The calls that take a list of buffers and a stream: (buffers, stream=None). `adopt`: a
  * stream the runtime does not know yet (a Numba/CuPy/PyTorch stream) is adopted and the
  * call retried, for calls that may be the first to name it. */
@@ -914,6 +981,7 @@ static PyMethodDef runtime_methods[] = {
     {"release_async", (PyCFunction)(void (*)(void))runtime_release_async, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"wait_stream", (PyCFunction)(void (*)(void))runtime_wait_stream, METH_FASTCALL | METH_KEYWORDS, NULL},
     {"acquire_n", (PyCFunction)(void (*)(void))runtime_acquire_n, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"graph_launch", (PyCFunction)(void (*)(void))runtime_graph_launch, METH_VARARGS | METH_KEYWORDS, NULL},
     {"release_n_async", (PyCFunction)(void (*)(void))runtime_release_n_async, METH_VARARGS | METH_KEYWORDS, NULL},
     {"spill_n", (PyCFunction)(void (*)(void))runtime_spill_n, METH_VARARGS | METH_KEYWORDS, NULL},
     {"prefetch_n", (PyCFunction)(void (*)(void))runtime_prefetch_n, METH_VARARGS | METH_KEYWORDS, NULL},
