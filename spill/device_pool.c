@@ -148,14 +148,26 @@ int spw__dpool_alloc(spw_dpool_t *p, size_t bytes, spw_stream_t stream, void **o
   return SPW_ERR_OUT_OF_MEMORY; /* another thread took the whole new slab: caller retries */
 }
 
+/* slab_of, trying first the slab of the previous block of a batch (*last): a batch's blocks
+ * mostly come from, and go back to, a few slabs. */
+static slab_t *slab_of_near(spw_dpool_t *p, const void *ptr, slab_t **last) {
+  const uint8_t *b = ptr;
+  slab_t *s = *last;
+  if (s && b >= s->base && b < s->base + s->bytes) return s;
+  s = slab_of(p, ptr);
+  if (s) *last = s;
+  return s;
+}
+
 size_t spw__dpool_alloc_n(spw_dpool_t *p, const size_t *bytes, size_t n, void **out) {
   size_t k = 0;
+  slab_t *last = NULL;
   pthread_mutex_lock(&p->mu);
   for (; k < n && bytes[k] < SPW_DPOOL_SMALL; k++) {
     uint32_t c = class_of(bytes[k]);
     if (p->nfree[c] == 0) break;
     out[k] = p->free[c][--p->nfree[c]];
-    slab_of(p, out[k])->free_blocks--;
+    slab_of_near(p, out[k], &last)->free_blocks--;
   }
   pthread_mutex_unlock(&p->mu);
   return k;
@@ -175,10 +187,11 @@ void spw__dpool_free(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t strea
 
 void spw__dpool_free_n(spw_dpool_t *p, void *const *ptrs, const size_t *bytes, size_t n,
                        spw_stream_t stream) {
+  slab_t *last = NULL;
   pthread_mutex_lock(&p->mu);
   for (size_t i = 0; i < n; i++) {
     if (!ptrs[i] || bytes[i] >= SPW_DPOOL_SMALL) continue;
-    slab_t *s = slab_of(p, ptrs[i]);
+    slab_t *s = slab_of_near(p, ptrs[i], &last);
     if (s && push_free(p, s->cls, ptrs[i]) == SPW_OK) s->free_blocks++;
   }
   pthread_mutex_unlock(&p->mu);

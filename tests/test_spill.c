@@ -408,6 +408,72 @@ static void try_acquire_refuses_to_bring_a_buffer_back(void) {
   ASSERT_OK(spw_stream_synchronize(rt, s));
 }
 
+/* A batch counts only what moved: spw_spill_n / spw_prefetch_n of many small buffers, some
+ * locked (their claim fails), some freed while the batch may still run (the mover finishes
+ * the free), some clean (no bytes move). The tier counters of a batch change once per part
+ * (prepaid, then settled), so after the batch they must equal the sizes of the buffers that
+ * are where they say, and contents must survive. */
+static void batch_counts_only_what_moved(void) {
+  enum { N = 96 };
+  spw_buf_t b[N];
+  size_t size[N];
+  uint8_t *want[N];
+  int gone[N] = {0};
+  for (int i = 0; i < N; i++) {
+    size[i] = 1 + (size_t)(rng_next() % 8192);
+    b[i] = uploaded(size[i], 7000 + (uint64_t)i, &want[i]);
+  }
+  /* Every 6th read back once, so that its next spill is clean. */
+  for (int i = 0; i < N; i += 6) {
+    spill_and_wait(b[i]);
+    expect_contents(b[i], SPW_ACQUIRE_READ, want[i], size[i], 7000 + (uint64_t)i);
+  }
+  /* Every 4th locked: it stays resident. */
+  void *d = NULL;
+  for (int i = 1; i < N; i += 4) ASSERT_OK(spw_acquire(rt, b[i], s, SPW_ACQUIRE_READ, &d));
+  ASSERT_OK(spw_spill_n(rt, b, N, SPW_TIER_HOST));
+  /* Every 7th freed while the batch may still run. */
+  for (int i = 3; i < N; i += 7) {
+    ASSERT_OK(spw_free(rt, b[i]));
+    gone[i] = 1;
+  }
+  ASSERT_OK(spw_wait_idle(rt));
+  uint64_t host = 0;
+  for (int i = 0; i < N; i++) {
+    if (gone[i]) continue;
+    int locked = (i % 4) == 1;
+    ASSERT_EQ(state_of(rt, b[i]), locked ? SPW_STATE_RESIDENT : SPW_STATE_HOST);
+    if (!locked) host += size[i];
+  }
+  spw_stats_t st = stats_of(rt);
+  ASSERT_UEQ(st.host_bytes, host);
+  for (int i = 1; i < N; i += 4) ASSERT_OK(spw_release(rt, b[i], s));
+
+  /* Back: every HOST buffer becomes resident, and host_bytes goes to zero. */
+  spw_buf_t live[N];
+  size_t nlive = 0;
+  for (int i = 0; i < N; i++)
+    if (!gone[i]) live[nlive++] = b[i];
+  ASSERT_OK(spw_prefetch_n(rt, live, nlive, s));
+  ASSERT_OK(spw_wait_idle(rt));
+  for (int i = 0; i < N; i++) {
+    if (gone[i]) continue;
+    ASSERT_EQ(state_of(rt, b[i]), SPW_STATE_RESIDENT);
+  }
+  st = stats_of(rt);
+  ASSERT_UEQ(st.host_bytes, 0);
+  for (int i = 0; i < N; i++) {
+    if (!gone[i]) {
+      expect_contents(b[i], 0, want[i], size[i], 7000 + (uint64_t)i);
+      ASSERT_OK(spw_free(rt, b[i]));
+    }
+    free(want[i]);
+  }
+  st = stats_of(rt);
+  ASSERT_UEQ(st.host_bytes, 0);
+  ASSERT_UEQ(st.buffers, 0);
+}
+
 static void seed(void) { rng_state = spw_test_seed(); }
 
 static const spw_test_t tests[] = {
@@ -422,5 +488,6 @@ static const spw_test_t tests[] = {
     TEST(stats_move_as_documented),
     TEST(stats_summary_is_not_empty),
     TEST(try_acquire_refuses_to_bring_a_buffer_back),
+    TEST(batch_counts_only_what_moved),
 };
 TEST_MAIN_HOOKS(tests, seed, NULL, open_fixture, close_fixture)

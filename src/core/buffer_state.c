@@ -78,22 +78,64 @@ static _Atomic uint64_t *tier_counter(spw_runtime_t *rt, uint32_t state) {
   }
 }
 
-static void account(spw_runtime_t *rt, uint32_t from, uint32_t to, uint64_t size) {
+/* The tally's member for a counter. */
+static uint64_t *tally_of(spw_runtime_t *rt, spw_tally_t *t, _Atomic uint64_t *c) {
+  return c == &rt->c.host_bytes ? &t->host : c == &rt->c.disk_bytes ? &t->disk : &t->peer;
+}
+
+/* Moves `size` from counter a to counter b (either may be NULL). With a tally, a decrease
+ * waits in it for the flush, and an increase of host_bytes comes out of what was prepaid;
+ * any other increase is made at once. So a counter never reads below its true value (a
+ * buffer committed here and moved on by another thread before the flush cannot take it
+ * below zero). */
+static void shift(spw_runtime_t *rt, _Atomic uint64_t *a, _Atomic uint64_t *b, uint64_t size,
+                  spw_tally_t *t) {
+  if (a) {
+    if (t) *tally_of(rt, t, a) += size;
+    else atomic_fetch_sub_explicit(a, size, memory_order_relaxed);
+  }
+  if (b) {
+    if (t && b == &rt->c.host_bytes && t->host_prepaid >= size) t->host_prepaid -= size;
+    else atomic_fetch_add_explicit(b, size, memory_order_relaxed);
+  }
+}
+
+static void account_t(spw_runtime_t *rt, uint32_t from, uint32_t to, uint64_t size,
+                      spw_tally_t *t) {
   _Atomic uint64_t *a = tier_counter(rt, from), *b = tier_counter(rt, to);
-  if (a == b) return;
-  if (a) atomic_fetch_sub_explicit(a, size, memory_order_relaxed);
-  if (b) atomic_fetch_add_explicit(b, size, memory_order_relaxed);
+  if (a != b) shift(rt, a, b, size, t);
+}
+
+static void account(spw_runtime_t *rt, uint32_t from, uint32_t to, uint64_t size) {
+  account_t(rt, from, to, size, NULL);
+}
+
+void spw__tally_prepay_host(spw_runtime_t *rt, spw_tally_t *t, uint64_t bytes) {
+  if (!bytes) return;
+  atomic_fetch_add_explicit(&rt->c.host_bytes, bytes, memory_order_relaxed);
+  t->host_prepaid += bytes;
+}
+
+void spw__tally_flush(spw_runtime_t *rt, spw_tally_t *t) {
+  uint64_t host = t->host + t->host_prepaid; /* what was prepaid and not used goes back */
+  if (host) atomic_fetch_sub_explicit(&rt->c.host_bytes, host, memory_order_relaxed);
+  if (t->disk) atomic_fetch_sub_explicit(&rt->c.disk_bytes, t->disk, memory_order_relaxed);
+  if (t->peer) atomic_fetch_sub_explicit(&rt->c.peer_bytes, t->peer, memory_order_relaxed);
+  *t = (spw_tally_t){0};
 }
 
 /* A HOST buffer whose extent is in lent peer memory counts in peer_bytes, not host_bytes:
  * after account() has counted it by state, `was` and `is` say whether its bytes were and
  * are in peer memory. */
-static void account_peer(spw_runtime_t *rt, int was, int is, uint64_t size) {
+static void account_peer_t(spw_runtime_t *rt, int was, int is, uint64_t size, spw_tally_t *t) {
   if (was == is) return;
   _Atomic uint64_t *from = was ? &rt->c.peer_bytes : &rt->c.host_bytes;
   _Atomic uint64_t *to = was ? &rt->c.host_bytes : &rt->c.peer_bytes;
-  atomic_fetch_sub_explicit(from, size, memory_order_relaxed);
-  atomic_fetch_add_explicit(to, size, memory_order_relaxed);
+  shift(rt, from, to, size, t);
+}
+
+static void account_peer(spw_runtime_t *rt, int was, int is, uint64_t size) {
+  account_peer_t(rt, was, is, size, NULL);
 }
 
 static int on_peer(uint32_t state, const spw_host_extent_t *e) {
@@ -268,6 +310,12 @@ static spw_move_end_t settle(spw_runtime_t *rt, const spw_move_t *m, uint64_t w,
 
 spw_move_end_t spw__move_commit(spw_runtime_t *rt, const spw_move_t *m, const spw_place_t *to,
                                 uint64_t flags, uint32_t locks, spw_place_t *release) {
+  return spw__move_commit_tally(rt, m, to, flags, locks, release, NULL);
+}
+
+spw_move_end_t spw__move_commit_tally(spw_runtime_t *rt, const spw_move_t *m,
+                                      const spw_place_t *to, uint64_t flags, uint32_t locks,
+                                      spw_place_t *release, spw_tally_t *tally) {
   spw_slot_t *s = m->s;
   const move_row_t *r = &moves[m->kind];
   *release = (spw_place_t){0};
@@ -298,8 +346,8 @@ spw_move_end_t spw__move_commit(spw_runtime_t *rt, const spw_move_t *m, const sp
   s->dptr = now.dptr;
   s->host = now.host;
   s->disk = now.disk;
-  account(rt, r->from, r->to, m->size);
-  account_peer(rt, on_peer(r->from, &old.host), on_peer(r->to, &now.host), m->size);
+  account_t(rt, r->from, r->to, m->size, tally);
+  account_peer_t(rt, on_peer(r->from, &old.host), on_peer(r->to, &now.host), m->size, tally);
   if (r->to == SPW_STATE_RESIDENT) /* just brought back for use: the last victim, not the first */
     atomic_store_explicit(&s->last_use, spw__coarse_now_ns(), memory_order_relaxed);
   /* Before the word: an acquirer that sees the new word clears it after this store. */

@@ -104,6 +104,18 @@ int spw__move_wanted(const spw_move_t *m);
  * prefetched until its next acquire (handle_table.h, `prefetched`). */
 #define SPW_COMMIT_PREFETCHED (1ull << 62)
 
+/* The tier byte counters' changes of a batch of commits, so that a part of a batch costs
+ * one atomic add per counter instead of two per buffer. Decreases wait in the tally until
+ * spw__tally_flush; increases of host_bytes come out of what spw__tally_prepay_host added
+ * beforehand (others are made at once). So a counter may read high for the length of a
+ * part, never low: a buffer committed here and moved on by another thread before the flush
+ * never takes it below zero. The counters are statistics (spw_stats, the trace) and decide
+ * nothing. */
+typedef struct spw_tally {
+  uint64_t host, disk, peer; /* decreases not yet made */
+  uint64_t host_prepaid;     /* added to host_bytes already, for commits still to come */
+} spw_tally_t;
+
 /* Commits: the buffer takes the move's target state with `flags` (WAIT, CLEAN, and
  * SPW_COMMIT_PREFETCHED) and `locks`
  * locks (an unspill for an acquire), and `to`'s member for the target tier (for SPILL of a
@@ -113,6 +125,21 @@ int spw__move_wanted(const spw_move_t *m);
  * host extent only with CLEAN. */
 spw_move_end_t spw__move_commit(spw_runtime_t *rt, const spw_move_t *m, const spw_place_t *to,
                                 uint64_t flags, uint32_t locks, spw_place_t *release);
+/* spw__move_commit whose tier counter changes go to *tally (the caller flushes it with
+ * spw__tally_flush before the batch ends) rather than to the counters at once. */
+spw_move_end_t spw__move_commit_tally(spw_runtime_t *rt, const spw_move_t *m,
+                                      const spw_place_t *to, uint64_t flags, uint32_t locks,
+                                      spw_place_t *release, spw_tally_t *tally);
+/* Adds `bytes` to host_bytes now, for commits into HOST to come with this tally. */
+void spw__tally_prepay_host(spw_runtime_t *rt, spw_tally_t *tally, uint64_t bytes);
+/* Makes the tally's decreases, takes back what was prepaid and not used, empties it. */
+void spw__tally_flush(spw_runtime_t *rt, spw_tally_t *tally);
+
+/* Whether the place holds nothing (spw__place_release would have nothing to do). */
+static inline int spw__place_empty(const spw_place_t *p) {
+  return !p->dptr && !p->host.ptr && !p->disk.bytes;
+}
+
 /* Aborts: the source state again, with `add_flags` (WAIT: a copy that may still read the
  * source was enqueued). The caller keeps and frees whatever it had obtained. */
 spw_move_end_t spw__move_abort(spw_runtime_t *rt, const spw_move_t *m, uint64_t add_flags);

@@ -80,6 +80,10 @@ size_t spw__controller_pressure(spw_runtime_t *rt, uint64_t bytes_needed, spw_bu
   return n < max ? n : max;
 }
 
+int spw__reporting(spw_runtime_t *rt) {
+  return rt->trace != NULL || atomic_load_explicit(&rt->has_ctl, memory_order_acquire);
+}
+
 static void report(spw_runtime_t *rt, spw_buf_t h, spw_state_t from, spw_state_t to,
                    uint64_t bytes, uint64_t ns, int status, int own) {
   if (status != SPW_OK && status != SPW_ERR_LOCKED) {

@@ -124,7 +124,7 @@ static taken_t *take(spw_runtime_t *rt, spw_lane_t lane, spw_job_t *jobs, size_t
 /* One buffer of a spill request: a demotion runs at once, a spill is claimed into the batch
  * of its tier. A buffer moved meanwhile is left alone. */
 static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victim_t *v,
-                      size_t *nv, spw_victim_t **vd, size_t *nvd) {
+                      size_t *nv, spw_victim_t **vd, size_t *nvd, uint64_t *begun) {
   spw_slot_t *s;
   uint64_t w;
   if (spw__handles_lookup(&rt->handles, h, &s, &w) != SPW_OK) return;
@@ -134,13 +134,14 @@ static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victi
   }
   if (spw__w_state(w) != SPW_STATE_RESIDENT) return;
   spw_victim_t one;
-  if (!spw__victim_claim(rt, h, s, SPW_CLAIM_WAIT, &one)) {
+  if (!spw__victim_begin(rt, h, s, SPW_CLAIM_WAIT, &one)) {
     /* Locked again since the request: say so; the buffer stays resident. */
     w = atomic_load(&s->word);
     if (spw__w_gen(w) == spw__handle_gen(h) && spw__w_count(w) > 0)
       spw__report_move(rt, h, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, 0, SPW_ERR_LOCKED);
     return;
   }
+  *begun += one.m.size;
   if (tier == SPW_TIER_DISK) *vd[(*nvd)++] = one;
   else v[(*nv)++] = one;
 }
@@ -159,9 +160,13 @@ static void run_spills(spw_runtime_t *rt, const taken_t *t, size_t n) {
   }
   for (size_t k = 0; k < n; k++) vd[k] = &v[n - 1 - k];
   size_t nv = 0, nvd = 0;
+  uint64_t begun = 0;
   for (size_t i = 0; i < n; i++)
     spill_one(rt, t[i].h, t[i].wish == SPW_WISH_DISK ? SPW_TIER_DISK : SPW_TIER_HOST, v, &nv,
-              vd, &nvd);
+              vd, &nvd, &begun);
+  /* One add for every spill begun above (each part's end subtracts its own), before any
+   * of them can end. */
+  if (begun) spw__budget_spill_started(rt, begun);
   if (nv > 0) spw__spill_batch(rt, v, nv, SPW_SPILL_EXPLICIT);
   if (nvd > 0) spw__spill_to_disk_n(rt, vd, nvd, SPW_SPILL_EXPLICIT);
   free(v);

@@ -36,6 +36,10 @@ typedef struct spw_victim {
 /* Begins a spill of h. Returns 1 and fills *v if it could. */
 int spw__victim_claim(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_claim_t claim,
                       spw_victim_t *v);
+/* spw__victim_claim without the budget's spw__budget_spill_started: a caller that claims
+ * many adds their bytes with one call, before it spills them. */
+int spw__victim_begin(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_claim_t claim,
+                      spw_victim_t *v);
 /* Copies the claimed victims to host memory in pipelined sub-batches, commits them and
  * reports them. Returns the device bytes that left the device. */
 uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spill_reason_t why);
@@ -98,6 +102,10 @@ uint64_t spw__demote_lru(spw_runtime_t *rt, uint64_t bytes);
  * held. */
 void spw__report_move(spw_runtime_t *rt, spw_buf_t h, spw_state_t from, spw_state_t to,
                       uint64_t bytes, uint64_t ns, int status);
+/* Whether a move that went well has anyone to tell (a controller or a trace): when not,
+ * spw__report_move of a successful move does nothing, and a batch skips the calls. A
+ * failure is always reported (it is counted and recorded). */
+int spw__reporting(spw_runtime_t *rt);
 /* The same for a move whose caller receives its status (an acquire's own unspill or read
  * back): counted and delivered, but not an error of background work. */
 void spw__report_own_move(spw_runtime_t *rt, spw_buf_t h, spw_state_t from, spw_state_t to,

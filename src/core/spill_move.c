@@ -25,13 +25,19 @@
  * of one part hides behind the copy of the previous one. */
 #define PART_VICTIMS 2048
 
-int spw__victim_claim(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_claim_t claim,
+int spw__victim_begin(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_claim_t claim,
                       spw_victim_t *v) {
   if (!spw__move_begin(rt, SPW_MOVE_SPILL, h, s, claim, &v->m)) return 0;
   v->ext = (spw_host_extent_t){0};
   v->to_disk = 0;
   v->status = SPW_OK;
   v->end = SPW_MOVE_BACK;
+  return 1;
+}
+
+int spw__victim_claim(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_claim_t claim,
+                      spw_victim_t *v) {
+  if (!spw__victim_begin(rt, h, s, claim, v)) return 0;
   spw__budget_spill_started(rt, v->m.size);
   return 1;
 }
@@ -56,6 +62,7 @@ typedef struct spill_run {
   part_scratch_t *scratch;
   spw_stream_t d2h;
   spw_spill_reason_t why;
+  spw_tally_t tally; /* the tier counters' changes of the part being committed */
   uint64_t freed;  /* device bytes that left */
   uint64_t copied; /* bytes copied (a clean victim copies none) */
   size_t moved, clean;
@@ -123,14 +130,16 @@ static void settle(spill_run_t *r, spw_victim_t *v, int copy_status, size_t *nfr
    * behind its `ready`, and HOST keeps WAIT for the host copy. */
   int landing = is_clean(v) && is_landing(v);
   spw_place_t to = {.host = v->ext};
-  v->end = spw__move_commit(rt, &v->m, &to, landing ? SPW_W_WAIT : 0, 0, &release);
+  v->end = spw__move_commit_tally(rt, &v->m, &to, landing ? SPW_W_WAIT : 0, 0, &release,
+                                  &r->tally);
   /* Pool memory goes back in one call per part; a stable buffer's is unmapped instead. */
   if (v->end == SPW_MOVE_DONE && !landing && release.dptr && !spw__slot_va(v->m.s)) {
     r->scratch->dptr[*nfree] = release.dptr;
     r->scratch->bytes[(*nfree)++] = v->m.size;
     release.dptr = NULL;
   }
-  r->freed += spw__place_release(rt, &release, v->m.size, landing ? v->m.s->ready : NULL);
+  if (!spw__place_empty(&release))
+    r->freed += spw__place_release(rt, &release, v->m.size, landing ? v->m.s->ready : NULL);
   if (v->end != SPW_MOVE_DONE) return;
   r->moved++;
   if (is_clean(v)) r->clean++;
@@ -142,15 +151,20 @@ static void spill_finish(void *ctx, spw_part_t *p) {
   int st = spw__part_wait(r->rt, p, r->d2h);
   uint64_t ended = 0;
   size_t nfree = 0, ndisk = 0;
+  /* Every victim that may commit here lands in HOST: host_bytes grows for the whole part
+   * at once, before any of them shows HOST, and the flush takes back what did not. */
+  for (size_t i = p->first; i < p->first + p->count; i++)
+    if (!r->v[i].to_disk) ended += r->v[i].m.size;
+  spw__tally_prepay_host(r->rt, &r->tally, ended);
   for (size_t i = p->first; i < p->first + p->count; i++) {
     spw_victim_t *v = &r->v[i];
     if (v->to_disk) {
       r->scratch->to_disk[ndisk++] = v;
       continue;
     }
-    ended += v->m.size;
     settle(r, v, st, &nfree);
   }
+  spw__tally_flush(r->rt, &r->tally);
   /* The copies have completed: the memory is free now, in one go. */
   spw__dpool_free_n(r->rt->dpool, r->scratch->dptr, r->scratch->bytes, nfree, r->d2h);
   for (size_t i = 0; i < nfree; i++) r->freed += r->scratch->bytes[i];
@@ -204,6 +218,8 @@ uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spil
   if (why == SPW_SPILL_ON_DEMAND) atomic_fetch_add(&rt->c.spills_on_demand, r.moved);
   if (why == SPW_SPILL_BACKGROUND) atomic_fetch_add(&rt->c.spills_background, r.moved);
   uint64_t left = 0;
+  /* With no controller and no trace, a move that went well has no one to tell. */
+  const int tell = spw__reporting(rt);
   for (size_t i = 0; i < n; i++) {
     if (v[i].to_disk) { /* reported by spw__spill_to_disk_n */
       if (v[i].status == SPW_OK) left += v[i].m.size;
@@ -217,9 +233,11 @@ uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spil
         atomic_fetch_add(&rt->c.peer_spills, 1);
         atomic_fetch_add(&rt->c.peer_spill_bytes, v[i].m.size);
       }
-      spw__report_move(rt, v[i].m.h, SPW_STATE_RESIDENT, to, is_clean(&v[i]) ? 0 : v[i].m.size,
-                       dt, SPW_OK);
+      if (tell)
+        spw__report_move(rt, v[i].m.h, SPW_STATE_RESIDENT, to,
+                         is_clean(&v[i]) ? 0 : v[i].m.size, dt, SPW_OK);
     } else if (v[i].end == SPW_MOVE_BACK) {
+      if (!tell && v[i].status == SPW_OK) continue;
       spw__report_move(rt, v[i].m.h, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, dt, v[i].status);
     } else {
       v[i].status = v[i].end == SPW_MOVE_FREED ? SPW_ERR_FREED : SPW_ERR_BUSY; /* never left */

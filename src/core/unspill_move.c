@@ -180,6 +180,7 @@ static void up_finish(void *ctx, spw_part_t *p) {
   up_run_t *r = ctx;
   spw_runtime_t *rt = r->rt;
   int st = spw__part_wait(rt, p, r->h2d);
+  spw_tally_t tally = {0};
   for (size_t i = p->first; i < p->first + p->count; i++) {
     up_item_t *it = &r->it[i];
     if (it->d) r->held -= it->m.size;
@@ -192,14 +193,17 @@ static void up_finish(void *ctx, spw_part_t *p) {
     /* Landed: resident with no WAIT, and the host copy kept as a clean copy. */
     spw_place_t to = {.dptr = it->d}, release;
     uint64_t flags = SPW_W_CLEAN | (r->hint ? SPW_COMMIT_PREFETCHED : 0);
-    it->end = spw__move_commit(rt, &it->m, &to, flags, 0, &release);
-    uint64_t device = spw__place_release(rt, &release, it->m.size, NULL);
-    if (device) spw__budget_credit(rt, device);
+    it->end = spw__move_commit_tally(rt, &it->m, &to, flags, 0, &release, &tally);
+    if (!spw__place_empty(&release)) {
+      uint64_t device = spw__place_release(rt, &release, it->m.size, NULL);
+      if (device) spw__budget_credit(rt, device);
+    }
     if (it->end == SPW_MOVE_DONE) {
       r->moved++;
       r->moved_bytes += it->m.size;
     }
   }
+  spw__tally_flush(rt, &tally);
 }
 
 size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint) {
@@ -233,14 +237,15 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int
   atomic_fetch_add(&rt->c.unspill_bytes, r.moved_bytes);
   atomic_fetch_add(&rt->c.unspill_ns, dt);
   uint64_t dropped = 0;
+  const int tell = spw__reporting(rt); /* else a move that went well has no one to tell */
   for (size_t i = 0; i < r.n; i++) {
     up_item_t *it = &r.it[i];
     dropped += it->dropped;
     spw_state_t from = spw__host_state(&it->m.from.host);
     if (it->end == SPW_MOVE_DONE) {
       count_peer_unspill(rt, &it->m, 1);
-      spw__report_move(rt, it->m.h, from, SPW_STATE_RESIDENT, it->m.size, dt, SPW_OK);
-    } else if (it->end == SPW_MOVE_BACK && !it->dropped) {
+      if (tell) spw__report_move(rt, it->m.h, from, SPW_STATE_RESIDENT, it->m.size, dt, SPW_OK);
+    } else if (it->end == SPW_MOVE_BACK && !it->dropped && (tell || it->status != SPW_OK)) {
       spw__report_move(rt, it->m.h, from, from, 0, dt, it->status);
     }
   }
