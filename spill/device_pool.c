@@ -11,7 +11,13 @@
  * are usable from any stream. A block goes back to its free list only when no work can
  * still touch it: callers free at once when the work is known complete, or through
  * spw__dpool_free_after behind the stream that may still use it. Entirely free slabs are
- * returned by spw__dpool_trim (called when the device refuses an allocation). */
+ * returned by spw__dpool_trim (called when the device refuses an allocation).
+ *
+ * Exportable pools (config.ipc): CUDA IPC exports only memory from cudaMalloc, not from a
+ * stream-ordered pool, so every region comes from the backend's ipc_alloc: the slabs, and
+ * for large blocks arenas (the host arena's free-list allocator over memory it does not
+ * own). The backend cannot order an arena block's free on a stream, so a large free waits
+ * for the stream through the completions before the block is reused. */
 #include "device_pool.h"
 
 #include <stdlib.h>
@@ -20,9 +26,11 @@
 #include <pthread.h>
 
 #include "grow.h"
+#include "host_arena.h"
 
 #define MIN_SHIFT 8u /* 256 B: cudaMallocAsync's alignment */
 #define NCLASSES 12u /* 256 B .. 512 KiB */
+#define ARENA_GRAIN ((size_t)2 << 20) /* arena sizes: multiples of a large page */
 
 typedef struct slab {
   uint8_t *base;
@@ -30,6 +38,12 @@ typedef struct slab {
   uint32_t cls;
   uint32_t free_blocks, blocks;
 } slab_t;
+
+typedef struct arena {
+  uint8_t *base;
+  size_t bytes;
+  spw_host_arena_t *alloc; /* a borrowed arena over [base, base + bytes) */
+} arena_t;
 
 struct spw_dpool {
   spw_dpool_params_t p;
@@ -40,6 +54,9 @@ struct spw_dpool {
   size_t nslabs, slab_cap;
   size_t slab_max; /* the largest slab: a small fraction of the budget */
   uint64_t slab_total;
+  arena_t *arenas; /* exportable pools: large blocks; sorted by base */
+  size_t narenas, arena_cap;
+  size_t arena_min; /* an arena's size unless one block needs more */
 };
 
 static uint32_t class_of(size_t bytes) {
@@ -57,16 +74,37 @@ int spw__dpool_create(const spw_dpool_params_t *params, spw_dpool_t **out) {
    * slab is a small fraction of the budget: at most 1/32 of it, 16 blocks when that fits. */
   p->slab_max = SPW_DPOOL_SLAB;
   while (p->slab_max > ((size_t)64 << 10) && p->slab_max * 32 > params->device_limit) p->slab_max /= 2;
+  /* An arena's free space is invisible to the budget as well: an eighth of it at most. */
+  p->arena_min = (size_t)256 << 20;
+  while (p->arena_min > ARENA_GRAIN && p->arena_min * 8 > params->device_limit) p->arena_min /= 2;
   *out = p;
   return SPW_OK;
 }
 
+/* A slab or an arena: synchronous, exportable memory in an exportable pool; else the
+ * backend's pool, synchronized once so that every stream may use it. */
+static int region_alloc(spw_dpool_t *p, size_t bytes, void **out) {
+  if (p->p.exportable) return p->p.ops->ipc_alloc(p->p.be, bytes, out);
+  int st = p->p.ops->alloc_async(p->p.be, bytes, p->p.null_stream, out);
+  if (st == SPW_OK) st = p->p.ops->stream_sync(p->p.be, p->p.null_stream);
+  return st;
+}
+
+static void region_free(spw_dpool_t *p, void *base) {
+  if (p->p.exportable) (void)p->p.ops->ipc_free(p->p.be, base);
+  else (void)p->p.ops->free_async(p->p.be, base, p->p.null_stream);
+}
+
 void spw__dpool_destroy(spw_dpool_t *p) {
   if (!p) return;
-  for (size_t i = 0; i < p->nslabs; i++)
-    p->p.ops->free_async(p->p.be, p->slabs[i].base, p->p.null_stream);
+  for (size_t i = 0; i < p->nslabs; i++) region_free(p, p->slabs[i].base);
+  for (size_t i = 0; i < p->narenas; i++) {
+    spw__arena_destroy(p->arenas[i].alloc);
+    region_free(p, p->arenas[i].base);
+  }
   for (uint32_t c = 0; c < NCLASSES; c++) free(p->free[c]);
   free(p->slabs);
+  free(p->arenas);
   pthread_mutex_destroy(&p->mu);
   free(p);
 }
@@ -98,15 +136,14 @@ static int grow(spw_dpool_t *p, uint32_t c) {
   size_t bytes = block * 16 < p->slab_max ? p->slab_max : block * 16;
   while (bytes > p->slab_max && bytes > block) bytes /= 2; /* a small budget: fewer blocks */
   void *base;
-  int st = p->p.ops->alloc_async(p->p.be, bytes, p->p.null_stream, &base);
-  if (st == SPW_OK) st = p->p.ops->stream_sync(p->p.be, p->p.null_stream);
+  int st = region_alloc(p, bytes, &base);
   if (st != SPW_OK) return st;
   uint32_t blocks = (uint32_t)(bytes / block);
   pthread_mutex_lock(&p->mu);
   slab_t *slabs = spw__grow(p->slabs, &p->slab_cap, p->nslabs + 1, sizeof *slabs, 16);
   if (!slabs) {
     pthread_mutex_unlock(&p->mu);
-    p->p.ops->free_async(p->p.be, base, p->p.null_stream);
+    region_free(p, base);
     return SPW_ERR_SYSTEM;
   }
   p->slabs = slabs;
@@ -127,8 +164,86 @@ static int grow(spw_dpool_t *p, uint32_t c) {
   return SPW_OK;
 }
 
+/* ---- arenas: large blocks of an exportable pool ---------------------------------------- */
+
+static arena_t *arena_of(spw_dpool_t *p, const void *ptr) {
+  size_t lo = 0, hi = p->narenas;
+  const uint8_t *b = ptr;
+  while (lo < hi) {
+    size_t mid = (lo + hi) / 2;
+    if (p->arenas[mid].base <= b) lo = mid + 1;
+    else hi = mid;
+  }
+  if (lo == 0) return NULL;
+  arena_t *a = &p->arenas[lo - 1];
+  return b < a->base + a->bytes ? a : NULL;
+}
+
+static int arena_take(spw_dpool_t *p, size_t bytes, void **out) {
+  for (size_t i = 0; i < p->narenas; i++) {
+    spw_host_extent_t e;
+    if (spw__arena_alloc(p->arenas[i].alloc, bytes, &e) == SPW_OK) {
+      *out = e.ptr;
+      return SPW_OK;
+    }
+  }
+  return SPW_ERR_OUT_OF_MEMORY;
+}
+
+/* Adds an arena of at least `bytes`; called without p->mu (the allocation is synchronous). */
+static int arena_grow(spw_dpool_t *p, size_t bytes) {
+  size_t size = (bytes + ARENA_GRAIN - 1) / ARENA_GRAIN * ARENA_GRAIN;
+  if (size < p->arena_min) size = p->arena_min;
+  void *base;
+  int st = region_alloc(p, size, &base);
+  if (st != SPW_OK) return st;
+  spw_host_arena_t *alloc = NULL;
+  st = spw__arena_create_borrowed(base, size, &alloc);
+  pthread_mutex_lock(&p->mu);
+  arena_t *grown = st == SPW_OK ? spw__grow(p->arenas, &p->arena_cap, p->narenas + 1,
+                                            sizeof *grown, 4)
+                                : NULL;
+  if (!grown) {
+    pthread_mutex_unlock(&p->mu);
+    spw__arena_destroy(alloc);
+    region_free(p, base);
+    return st == SPW_OK ? SPW_ERR_SYSTEM : st;
+  }
+  p->arenas = grown;
+  size_t at = 0;
+  while (at < p->narenas && p->arenas[at].base < (uint8_t *)base) at++;
+  memmove(&p->arenas[at + 1], &p->arenas[at], (p->narenas - at) * sizeof *p->arenas);
+  p->arenas[at] = (arena_t){base, size, alloc};
+  p->narenas++;
+  pthread_mutex_unlock(&p->mu);
+  return SPW_OK;
+}
+
+static int arena_alloc(spw_dpool_t *p, size_t bytes, void **out) {
+  for (int attempt = 0; attempt < 2; attempt++) {
+    pthread_mutex_lock(&p->mu);
+    int st = arena_take(p, bytes, out);
+    pthread_mutex_unlock(&p->mu);
+    if (st == SPW_OK || attempt == 1) return st; /* lost the new arena to others: retry */
+    if ((st = arena_grow(p, bytes)) != SPW_OK) return st;
+  }
+  return SPW_ERR_OUT_OF_MEMORY;
+}
+
+static void arena_release(spw_dpool_t *p, void *ptr, size_t bytes) {
+  pthread_mutex_lock(&p->mu);
+  arena_t *a = arena_of(p, ptr);
+  /* The extent as the arena handed it out: one slab, lengths rounded to its alignment. */
+  spw_host_extent_t e = {ptr, (bytes + SPW_ARENA_ALIGN - 1) / SPW_ARENA_ALIGN * SPW_ARENA_ALIGN,
+                         0, 1};
+  if (a) spw__arena_free(a->alloc, &e);
+  pthread_mutex_unlock(&p->mu);
+}
+
 int spw__dpool_alloc(spw_dpool_t *p, size_t bytes, spw_stream_t stream, void **out) {
-  if (bytes >= SPW_DPOOL_SMALL) return p->p.ops->alloc_async(p->p.be, bytes, stream, out);
+  if (bytes >= SPW_DPOOL_SMALL)
+    return p->p.exportable ? arena_alloc(p, bytes, out)
+                           : p->p.ops->alloc_async(p->p.be, bytes, stream, out);
   uint32_t c = class_of(bytes);
   for (int attempt = 0; attempt < 2; attempt++) {
     pthread_mutex_lock(&p->mu);
@@ -173,16 +288,60 @@ size_t spw__dpool_alloc_n(spw_dpool_t *p, const size_t *bytes, size_t n, void **
   return k;
 }
 
-void spw__dpool_free(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream) {
-  if (!ptr) return;
-  if (bytes >= SPW_DPOOL_SMALL) {
-    p->p.ops->free_async(p->p.be, ptr, stream);
-    return;
-  }
+static void slab_release(spw_dpool_t *p, void *ptr) {
   pthread_mutex_lock(&p->mu);
   slab_t *s = slab_of(p, ptr);
   if (s && push_free(p, s->cls, ptr) == SPW_OK) s->free_blocks++;
   pthread_mutex_unlock(&p->mu);
+}
+
+/* Returns a block no work can touch any more. */
+static void release_now(spw_dpool_t *p, void *ptr, size_t bytes) {
+  if (bytes < SPW_DPOOL_SMALL) slab_release(p, ptr);
+  else if (p->p.exportable) arena_release(p, ptr, bytes);
+  else p->p.ops->free_async(p->p.be, ptr, p->p.null_stream);
+}
+
+typedef struct deferred {
+  spw_dpool_t *p;
+  void *ptr;
+  size_t bytes;
+} deferred_t;
+
+static void free_deferred(void *arg, int status) {
+  deferred_t *d = arg;
+  (void)status; /* a failed stream still no longer runs: the block is free either way */
+  release_now(d->p, d->ptr, d->bytes);
+  free(d);
+}
+
+/* Returns the block once the work enqueued so far on `stream` has completed. */
+static void release_behind(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream) {
+  deferred_t *d = malloc(sizeof *d);
+  if (d) {
+    *d = (deferred_t){p, ptr, bytes};
+    if (spw__completions_after(p->p.completions, stream, free_deferred, d) == SPW_OK) return;
+    free(d);
+  }
+  p->p.ops->stream_sync(p->p.be, stream); /* cannot defer: wait, then free */
+  release_now(p, ptr, bytes);
+}
+
+/* A large block: the backend's pool orders its free on the stream itself; an arena's block
+ * waits for the stream first. */
+static void large_free(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream) {
+  if (p->p.exportable) release_behind(p, ptr, bytes, stream);
+  else p->p.ops->free_async(p->p.be, ptr, stream);
+}
+
+void spw__dpool_free_now(spw_dpool_t *p, void *ptr, size_t bytes) {
+  if (ptr) release_now(p, ptr, bytes);
+}
+
+void spw__dpool_free(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream) {
+  if (!ptr) return;
+  if (bytes >= SPW_DPOOL_SMALL) large_free(p, ptr, bytes, stream);
+  else slab_release(p, ptr);
 }
 
 void spw__dpool_free_n(spw_dpool_t *p, void *const *ptrs, const size_t *bytes, size_t n,
@@ -196,36 +355,16 @@ void spw__dpool_free_n(spw_dpool_t *p, void *const *ptrs, const size_t *bytes, s
   }
   pthread_mutex_unlock(&p->mu);
   for (size_t i = 0; i < n; i++)
-    if (ptrs[i] && bytes[i] >= SPW_DPOOL_SMALL) p->p.ops->free_async(p->p.be, ptrs[i], stream);
-}
-
-typedef struct deferred {
-  spw_dpool_t *p;
-  void *ptr;
-  size_t bytes;
-} deferred_t;
-
-static void free_deferred(void *arg, int status) {
-  deferred_t *d = arg;
-  (void)status; /* a failed stream still no longer runs: the block is free either way */
-  spw__dpool_free(d->p, d->ptr, d->bytes, d->p->p.null_stream);
-  free(d);
+    if (ptrs[i] && bytes[i] >= SPW_DPOOL_SMALL) large_free(p, ptrs[i], bytes[i], stream);
 }
 
 void spw__dpool_free_after(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream) {
   if (!ptr) return;
-  if (bytes >= SPW_DPOOL_SMALL) { /* the backend orders the free on the stream itself */
-    p->p.ops->free_async(p->p.be, ptr, stream);
+  if (bytes >= SPW_DPOOL_SMALL && !p->p.exportable) {
+    p->p.ops->free_async(p->p.be, ptr, stream); /* the backend orders it on the stream */
     return;
   }
-  deferred_t *d = malloc(sizeof *d);
-  if (d) {
-    *d = (deferred_t){p, ptr, bytes};
-    if (spw__completions_after(p->p.completions, stream, free_deferred, d) == SPW_OK) return;
-    free(d);
-  }
-  p->p.ops->stream_sync(p->p.be, stream); /* cannot defer: wait, then free */
-  spw__dpool_free(p, ptr, bytes, stream);
+  release_behind(p, ptr, bytes, stream);
 }
 
 void spw__dpool_free_after_event(spw_dpool_t *p, void *ptr, size_t bytes, spw_bevent_t *ev) {
@@ -237,7 +376,7 @@ void spw__dpool_free_after_event(spw_dpool_t *p, void *ptr, size_t bytes, spw_be
     free(d);
   }
   p->p.ops->event_sync(p->p.be, ev); /* cannot defer: wait, then free */
-  spw__dpool_free(p, ptr, bytes, p->p.null_stream);
+  release_now(p, ptr, bytes);
 }
 
 uint64_t spw__dpool_trim(spw_dpool_t *p) {
@@ -259,9 +398,40 @@ uint64_t spw__dpool_trim(spw_dpool_t *p) {
     memmove(&p->slabs[i], &p->slabs[i + 1], (p->nslabs - i - 1) * sizeof *p->slabs);
     p->nslabs--;
     p->slab_total -= s.bytes;
-    p->p.ops->free_async(p->p.be, s.base, p->p.null_stream);
+    region_free(p, s.base);
     released += s.bytes;
+  }
+  for (size_t i = 0; i < p->narenas;) {
+    spw_arena_stats_t st;
+    spw__arena_get_stats(p->arenas[i].alloc, &st);
+    if (st.in_use != 0) {
+      i++;
+      continue;
+    }
+    arena_t a = p->arenas[i];
+    memmove(&p->arenas[i], &p->arenas[i + 1], (p->narenas - i - 1) * sizeof *p->arenas);
+    p->narenas--;
+    spw__arena_destroy(a.alloc);
+    region_free(p, a.base);
+    released += a.bytes;
   }
   pthread_mutex_unlock(&p->mu);
   return released;
+}
+
+int spw__dpool_region_of(spw_dpool_t *p, const void *ptr, size_t bytes, void **base) {
+  if (!p->p.exportable) return SPW_ERR_UNSUPPORTED;
+  const uint8_t *b = ptr;
+  int st = SPW_ERR_INVALID_ARG;
+  pthread_mutex_lock(&p->mu);
+  slab_t *s = slab_of(p, ptr);
+  arena_t *a = s ? NULL : arena_of(p, ptr);
+  uint8_t *rbase = s ? s->base : a ? a->base : NULL;
+  size_t rbytes = s ? s->bytes : a ? a->bytes : 0;
+  if (rbase && bytes <= rbytes - (size_t)(b - rbase)) {
+    *base = rbase;
+    st = SPW_OK;
+  }
+  pthread_mutex_unlock(&p->mu);
+  return st;
 }

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Private header, never installed: device memory for buffers (see device_pool.c). Small
  * buffers come from per-size-class slabs, large ones straight from the backend's
- * stream-ordered allocator. Thread-safe. */
+ * stream-ordered allocator, or, in an exportable pool, from arenas the pool divides itself.
+ * Thread-safe. */
 #ifndef SPILLWAY_SPILL_DEVICE_POOL_H
 #define SPILLWAY_SPILL_DEVICE_POOL_H
 
@@ -22,6 +23,9 @@ typedef struct spw_dpool_params {
   spw_stream_t null_stream;     /* slabs are allocated and freed on it */
   uint64_t device_limit;        /* slabs stay a small fraction of it */
   spw_completions_t *completions; /* for spw__dpool_free_after */
+  int exportable;               /* config.ipc: every block in a region from ops->ipc_alloc
+                                   (slabs, and arenas for large blocks) so that CUDA IPC can
+                                   export it; else large blocks from the backend's pool */
 } spw_dpool_params_t;
 
 int spw__dpool_create(const spw_dpool_params_t *p, spw_dpool_t **out);
@@ -41,11 +45,18 @@ void spw__dpool_free(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t strea
 /* spw__dpool_free for n blocks, small ones under one lock. */
 void spw__dpool_free_n(spw_dpool_t *p, void *const *ptrs, const size_t *bytes, size_t n,
                        spw_stream_t stream);
+/* Returns a block no work can touch any more, at once, without the completions (the
+ * runtime's close, once they have stopped). */
+void spw__dpool_free_now(spw_dpool_t *p, void *ptr, size_t bytes);
 /* Returns memory once the work enqueued so far on `stream` has completed. */
 void spw__dpool_free_after(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream);
 /* Returns memory once `ev` (recorded by the caller; it must outlive the wait) completes. */
 void spw__dpool_free_after_event(spw_dpool_t *p, void *ptr, size_t bytes, spw_bevent_t *ev);
-/* Gives entirely free slabs back to the device; returns the bytes released. */
+/* Gives entirely free slabs (and arenas) back to the device; returns the bytes released. */
 uint64_t spw__dpool_trim(spw_dpool_t *p);
+/* The region (slab or arena, as ops->ipc_alloc returned it) that holds [ptr, ptr + bytes)
+ * of an exportable pool: its base in *base. SPW_ERR_UNSUPPORTED when the pool is not
+ * exportable, SPW_ERR_INVALID_ARG when no one region holds the whole range. */
+int spw__dpool_region_of(spw_dpool_t *p, const void *ptr, size_t bytes, void **base);
 
 #endif /* SPILLWAY_SPILL_DEVICE_POOL_H */

@@ -27,6 +27,9 @@ spw_behaviour_test(test_peer_tier DISK) # memory lent by another runtime (device
 # Several devices in one process (issue 23): a runtime per device, each refusing the other's
 # streams. SEAM only to share the library's CUDA runtime: its GPU tests call cudaStreamCreate.
 spw_behaviour_test(test_multidev SEAM)
+# Buffers shared with another process (CUDA IPC; memfd regions on the host backend): the
+# test starts itself again as the other process.
+spw_behaviour_test(test_ipc DISK)
 
 # Behaviour that needs an internal seam to force what is otherwise timing or luck: faults
 # injected through the backend and the I/O layer, interleavings held still in the state

@@ -145,6 +145,16 @@ typedef enum spw_stable_mode {
                              asks for an ordinary one) */
 } spw_stable_mode_t;
 
+/* Whether buffers' device memory can be shared with other processes (spw_ipc_export and
+ * "Sharing buffers between processes" in docs/api.md). */
+typedef enum spw_ipc_mode {
+  SPW_IPC_DEFAULT = 0, /* SPILLWAY_IPC, else off */
+  SPW_IPC_OFF = 1,     /* device memory from a stream-ordered pool, which CUDA IPC cannot
+                          export: spw_ipc_export refuses */
+  SPW_IPC_ON = 2,      /* device memory from cudaMalloc'd regions that the runtime divides
+                          itself, so that any resident, ordinary buffer can be exported */
+} spw_ipc_mode_t;
+
 typedef enum spw_tier {
   SPW_TIER_DEVICE = 0,
   SPW_TIER_HOST = 1, /* pinned host memory */
@@ -201,12 +211,15 @@ typedef struct spw_config {
                                  dropped and counted (default 256 MiB) */
   spw_stable_mode_t stable_addresses; /* SPILLWAY_STABLE_ADDRESSES=0|1|off|on: whether
                                  spw_alloc gives address-stable buffers (default off) */
+  spw_ipc_mode_t ipc;         /* SPILLWAY_IPC=0|1|off|on: whether buffers can be exported
+                                 to other processes (spw_ipc_export; default off) */
 } spw_config_t;
 
 #define SPW_CONFIG_IGNORE_ENV 0x1u /* use only the struct and the built-in defaults */
 
 #define SPW_CONFIG_INIT {sizeof(spw_config_t), 0, SPW_BACKEND_AUTO, 0, 0, 0, NULL, SPW_IO_AUTO, \
-                         0.0, 0.0, SPW_LOG_DEFAULT, 0, 0, NULL, 0, SPW_STABLE_DEFAULT}
+                         0.0, 0.0, SPW_LOG_DEFAULT, 0, 0, NULL, 0, SPW_STABLE_DEFAULT, \
+                         SPW_IPC_DEFAULT}
 
 /* ---------------------------------------------------------------------------------------
  * Runtime lifecycle
@@ -513,6 +526,69 @@ SPW_API int spw_peer_lend(spw_runtime_t *lender, spw_runtime_t *borrower, uint64
  * not move on (the memory then stays lent and the buffers stay in it, intact: call again
  * once room is made), SPW_ERR_WOULD_DEADLOCK from inside a controller callback. */
 SPW_API int spw_peer_reclaim(spw_runtime_t *lender, spw_runtime_t *borrower);
+
+/* ---------------------------------------------------------------------------------------
+ * Sharing buffers between processes (CUDA IPC)
+ *
+ * A runtime created with config.ipc on (SPILLWAY_IPC=1) takes its device memory from
+ * cudaMalloc'd regions it divides itself, which CUDA's IPC can export (memory from the
+ * stream-ordered pool it uses otherwise cannot be). A process exports a locked, resident
+ * buffer; another process on the same machine opens the handle and gets a device pointer to
+ * the same memory. The handle is plain bytes: send it any way (a pipe, a socket, a file);
+ * no file descriptor travels. What the other process sees is the exporter's memory itself,
+ * so the exporter must keep the buffer locked, and neither free nor spill it, for as long
+ * as any process has the handle open: a lock is what keeps it in place, as for the
+ * exporter's own kernels. Address-stable buffers (virtual memory management) cannot be
+ * exported this way. On the host backend the regions are shared memory (memfd) and the
+ * importer maps them through /proc/<pid>/fd, so the same calls work between processes
+ * there too.
+ * ------------------------------------------------------------------------------------- */
+
+#define SPW_IPC_HANDLE_BYTES 64
+
+typedef struct spw_ipc_handle {
+  unsigned char handle[SPW_IPC_HANDLE_BYTES]; /* cudaIpcMemHandle_t of the region holding
+                                                 the memory (host backend: its own form) */
+  uint64_t offset;       /* of the exported memory inside that region */
+  uint64_t bytes;        /* of the exported memory */
+  int32_t backend;       /* spw_backend_kind_t of the exporter */
+  int32_t device;        /* the exporter's device ordinal */
+  uint32_t pid;          /* the exporter's process id */
+  uint32_t reserved;     /* 0 */
+} spw_ipc_handle_t;
+
+/* Exports `buf`'s device memory: fills *out for spw_ipc_open in another process. The buffer
+ * must be resident and locked on some stream (spw_acquire), and stay so while the handle is
+ * open anywhere. The call waits for Spillway's own copy into the buffer (an unspill still
+ * landing); ordering the exporter's kernels before the importer's reads is the program's, as
+ * with any CUDA IPC (a stream synchronize, or an event shared through IPC). Errors: handle errors, SPW_ERR_INVALID_ARG (out NULL), SPW_ERR_UNSUPPORTED
+ * (config.ipc off; an address-stable buffer), SPW_ERR_NOT_LOCKED (no stream holds a lock on
+ * it, or it is not resident), SPW_ERR_CUDA, SPW_ERR_SYSTEM. Thread-safe. */
+SPW_API int spw_ipc_export(spw_runtime_t *rt, spw_buf_t buf, spw_ipc_handle_t *out);
+
+/* Exports the device memory [dptr, dptr + bytes) of this runtime, for a caller that holds
+ * a lock on the buffer around it but knows only the pointer (a plugin handed a pointer by
+ * the library it serves, e.g. Numba's get_ipc_handle). The range must lie in one region of
+ * the runtime's IPC memory; that a lock holds it in place is the caller's to keep. Errors:
+ * SPW_ERR_INVALID_ARG (NULL, bytes 0, a range outside the runtime's IPC memory),
+ * SPW_ERR_UNSUPPORTED (config.ipc off), SPW_ERR_CUDA, SPW_ERR_SYSTEM. Thread-safe. */
+SPW_API int spw_ipc_export_ptr(spw_runtime_t *rt, const void *dptr, size_t bytes,
+                               spw_ipc_handle_t *out);
+
+/* Opens a handle another process exported: *dptr points to its memory, on this runtime's
+ * device (which may be another ordinal than the exporter's, where the two devices have peer
+ * access). The memory is the exporter's: it does not count against this runtime's limits
+ * and is never spilled. Close it with spw_ipc_close before the exporter lets it go. A
+ * process cannot open its own handles (CUDA refuses; use the buffer itself). Errors:
+ * SPW_ERR_INVALID_ARG (NULL, a handle of another backend kind or with a bad offset or size),
+ * SPW_ERR_UNSUPPORTED (a handle from this same process), SPW_ERR_CUDA (the driver refused
+ * it: the exporter has exited or freed the region), SPW_ERR_SYSTEM. Thread-safe. */
+SPW_API int spw_ipc_open(spw_runtime_t *rt, const spw_ipc_handle_t *handle, void **dptr);
+
+/* Closes what spw_ipc_open opened at `dptr`; every other use of that pointer must be over.
+ * Errors: SPW_ERR_INVALID_ARG (NULL, or a pointer spw_ipc_open did not return on this
+ * runtime, or one already closed), SPW_ERR_CUDA. Thread-safe. */
+SPW_API int spw_ipc_close(spw_runtime_t *rt, void *dptr);
 
 /* ---------------------------------------------------------------------------------------
  * Statistics

@@ -147,6 +147,20 @@ typedef struct spw_backend_ops {
   int (*peer_alloc)(spw_backend_t *b, size_t bytes, void **out);
   int (*peer_free)(spw_backend_t *b, void *ptr);
 
+  /* Memory another process can map (CUDA IPC; host: shared memory, see host_ipc.h).
+   *  - ipc_alloc / ipc_free: a region that ipc_export can export, allocated synchronously
+   *    and usable by every stream at once (cudaMalloc / cudaFree; free only once no work
+   *    touches it);
+   *  - ipc_export: the handle of the region that ipc_alloc returned at `base`;
+   *  - ipc_open: maps a region of another process by its handle (*base: its start here);
+   *  - ipc_close: unmaps what ipc_open mapped. */
+  int (*ipc_alloc)(spw_backend_t *b, size_t bytes, void **out);
+  int (*ipc_free)(spw_backend_t *b, void *base);
+  int (*ipc_export)(spw_backend_t *b, void *base, unsigned char handle[SPW_IPC_HANDLE_BYTES]);
+  int (*ipc_open)(spw_backend_t *b, const unsigned char handle[SPW_IPC_HANDLE_BYTES],
+                  void **base);
+  int (*ipc_close)(spw_backend_t *b, void *base);
+
   /* Address-stable memory (CUDA virtual memory management; host: an emulation of the same
    * contract). An address range is reserved with no memory behind it; physical chunks are
    * created apart and mapped into it, read-write for the device, and unmapped again, so

@@ -208,6 +208,47 @@ static int cuda_peer_free(spw_backend_t *b, void *ptr) {
   return s == SPW_OK ? check(cb, cudaFree(ptr)) : s;
 }
 
+/* ---- memory other processes can map (legacy CUDA IPC: cudaMalloc'd memory only) ---- */
+
+static int cuda_ipc_alloc(spw_backend_t *b, size_t bytes, void **out) {
+  return cuda_peer_alloc(b, bytes, out); /* the same cudaMalloc'd memory */
+}
+
+static int cuda_ipc_free(spw_backend_t *b, void *base) { return cuda_peer_free(b, base); }
+
+static int cuda_ipc_export(spw_backend_t *b, void *base,
+                           unsigned char handle[SPW_IPC_HANDLE_BYTES]) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  cudaIpcMemHandle_t h;
+  _Static_assert(sizeof h == SPW_IPC_HANDLE_BYTES, "cudaIpcMemHandle_t is 64 bytes");
+  cudaError_t e = cudaIpcGetMemHandle(&h, base);
+  if (e != cudaSuccess) return fail_as(cb, e, SPW_ERR_CUDA);
+  memcpy(handle, &h, sizeof h);
+  return SPW_OK;
+}
+
+static int cuda_ipc_open(spw_backend_t *b, const unsigned char handle[SPW_IPC_HANDLE_BYTES],
+                         void **base) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  cudaIpcMemHandle_t h;
+  memcpy(&h, handle, sizeof h);
+  /* Lazy peer access: the exporter's device may be another one of this machine. */
+  cudaError_t e = cudaIpcOpenMemHandle(base, h, cudaIpcMemLazyEnablePeerAccess);
+  return e == cudaSuccess ? SPW_OK : fail_as(cb, e, SPW_ERR_CUDA);
+}
+
+static int cuda_ipc_close(spw_backend_t *b, void *base) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  int s = use_device(cb);
+  if (s != SPW_OK) return s;
+  cudaError_t e = cudaIpcCloseMemHandle(base);
+  return e == cudaSuccess ? SPW_OK : fail_as(cb, e, SPW_ERR_CUDA);
+}
+
 static int cuda_vm_granularity(spw_backend_t *b, size_t *out) {
   spw_cuda_backend_t *cb = cb_of(b);
   if (cb->vm_status != SPW_OK) return cb->vm_status;
@@ -671,6 +712,11 @@ const spw_backend_ops_t spw__backend_cuda_ops = {
     .peer_access = cuda_peer_access,
     .peer_alloc = cuda_peer_alloc,
     .peer_free = cuda_peer_free,
+    .ipc_alloc = cuda_ipc_alloc,
+    .ipc_free = cuda_ipc_free,
+    .ipc_export = cuda_ipc_export,
+    .ipc_open = cuda_ipc_open,
+    .ipc_close = cuda_ipc_close,
     .vm_granularity = cuda_vm_granularity,
     .vm_reserve = cuda_vm_reserve,
     .vm_free = cuda_vm_free,

@@ -177,6 +177,19 @@ static int sh_peer_alloc(spw_backend_t *b, size_t n, void **out) {
 }
 static int sh_peer_free(spw_backend_t *b, void *p) { return SHIM(b)->ops->peer_free(INNER(b), p); }
 
+static int sh_ipc_alloc(spw_backend_t *b, size_t n, void **out) {
+  FAIL_IF(SPW_FAULT_ALLOC, NULL, SPW_ERR_OUT_OF_MEMORY);
+  return SHIM(b)->ops->ipc_alloc(INNER(b), n, out);
+}
+static int sh_ipc_free(spw_backend_t *b, void *p) { return SHIM(b)->ops->ipc_free(INNER(b), p); }
+static int sh_ipc_export(spw_backend_t *b, void *p, unsigned char h[SPW_IPC_HANDLE_BYTES]) {
+  return SHIM(b)->ops->ipc_export(INNER(b), p, h);
+}
+static int sh_ipc_open(spw_backend_t *b, const unsigned char h[SPW_IPC_HANDLE_BYTES], void **out) {
+  return SHIM(b)->ops->ipc_open(INNER(b), h, out);
+}
+static int sh_ipc_close(spw_backend_t *b, void *p) { return SHIM(b)->ops->ipc_close(INNER(b), p); }
+
 static const spw_backend_ops_t shim_ops = {
     .name = "faults",
     .create = sh_create,
@@ -213,6 +226,11 @@ static const spw_backend_ops_t shim_ops = {
     .peer_access = sh_peer_access,
     .peer_alloc = sh_peer_alloc,
     .peer_free = sh_peer_free,
+    .ipc_alloc = sh_ipc_alloc,
+    .ipc_free = sh_ipc_free,
+    .ipc_export = sh_ipc_export,
+    .ipc_open = sh_ipc_open,
+    .ipc_close = sh_ipc_close,
 };
 
 int spw__faults_wrap(const spw_backend_ops_t *inner_ops, spw_backend_t *inner,

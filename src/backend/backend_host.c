@@ -35,6 +35,7 @@
 
 #include "backend.h"
 #include "grow.h"
+#include "host_ipc.h"
 
 #define HOST_ALIGN 256
 #define HOST_DEFAULT_CAPACITY ((uint64_t)1 << 30)
@@ -144,6 +145,8 @@ struct spw_backend {
   uint64_t vm_next;           /* file offsets [0, vm_next) have been handed out once */
   uint64_t *vm_free;          /* offsets given back, reused first */
   size_t vm_nfree, vm_cap;
+
+  spw_host_ipc_t *ipc; /* regions shared with other processes; NULL until the first */
 };
 
 static spw_stream_t to_handle(host_stream_t *s) { return (spw_stream_t)(void *)s; }
@@ -415,6 +418,7 @@ static void host_destroy(spw_backend_t *b) {
   }
   if (b->vm_fd >= 0) close(b->vm_fd);
   free(b->vm_free);
+  spw__host_ipc_destroy(b->ipc);
   pthread_mutex_destroy(&b->mu);
   free(b);
 }
@@ -772,6 +776,76 @@ static int host_peer_free(spw_backend_t *b, void *ptr) {
   return st == SPW_OK ? host_stream_sync(b, s) : st;
 }
 
+/* ---- memory other processes can map (host_ipc.h) --------------------------------------- */
+
+static int ipc_state(spw_backend_t *b, spw_host_ipc_t **out) {
+  pthread_mutex_lock(&b->mu);
+  int st = b->ipc ? SPW_OK : spw__host_ipc_create(&b->ipc);
+  *out = b->ipc;
+  pthread_mutex_unlock(&b->mu);
+  return st;
+}
+
+static int host_ipc_alloc(spw_backend_t *b, size_t bytes, void **out) {
+  spw_host_ipc_t *x;
+  int st = ipc_state(b, &x);
+  if (st != SPW_OK) return st;
+  pthread_mutex_lock(&b->mu);
+  bool fits = bytes <= b->capacity - b->allocated;
+  if (fits) b->allocated += bytes;
+  pthread_mutex_unlock(&b->mu);
+  if (!fits) {
+    report(b, "cudaErrorMemoryAllocation", "out of memory (host backend: emulated device "
+                                           "capacity exhausted)");
+    return SPW_ERR_OUT_OF_MEMORY;
+  }
+  st = spw__host_ipc_alloc(x, bytes, out);
+  if (st != SPW_OK) {
+    int err = errno;
+    pthread_mutex_lock(&b->mu);
+    b->allocated -= bytes;
+    pthread_mutex_unlock(&b->mu);
+    report_errno(b, "memfd_create/mmap", err);
+  }
+  return st;
+}
+
+static int host_ipc_free(spw_backend_t *b, void *base) {
+  size_t bytes = 0;
+  spw_host_ipc_t *x;
+  int st = ipc_state(b, &x);
+  if (st == SPW_OK) st = spw__host_ipc_free(x, base, &bytes);
+  if (st != SPW_OK) return st;
+  pthread_mutex_lock(&b->mu);
+  b->allocated -= bytes;
+  pthread_mutex_unlock(&b->mu);
+  return SPW_OK;
+}
+
+static int host_ipc_export(spw_backend_t *b, void *base, unsigned char handle[SPW_IPC_HANDLE_BYTES]) {
+  spw_host_ipc_t *x;
+  int st = ipc_state(b, &x);
+  return st == SPW_OK ? spw__host_ipc_export(x, base, handle) : st;
+}
+
+static int host_ipc_open(spw_backend_t *b, const unsigned char handle[SPW_IPC_HANDLE_BYTES],
+                         void **base) {
+  spw_host_ipc_t *x;
+  int st = ipc_state(b, &x);
+  if (st == SPW_OK) st = spw__host_ipc_open(x, handle, base);
+  if (st == SPW_ERR_SYSTEM) report_errno(b, "mmap", errno);
+  if (st == SPW_ERR_CUDA)
+    report(b, "cudaErrorInvalidValue", "host backend: the exporting process, or its region, "
+                                       "is gone");
+  return st;
+}
+
+static int host_ipc_close(spw_backend_t *b, void *base) {
+  spw_host_ipc_t *x;
+  int st = ipc_state(b, &x);
+  return st == SPW_OK ? spw__host_ipc_close(x, base) : st;
+}
+
 static int host_vm_granularity(spw_backend_t *b, size_t *out) {
   (void)b;
   *out = HOST_VM_GRANULE;
@@ -887,6 +961,11 @@ const spw_backend_ops_t spw__backend_host_ops = {
     .peer_access = host_peer_access,
     .peer_alloc = host_peer_alloc,
     .peer_free = host_peer_free,
+    .ipc_alloc = host_ipc_alloc,
+    .ipc_free = host_ipc_free,
+    .ipc_export = host_ipc_export,
+    .ipc_open = host_ipc_open,
+    .ipc_close = host_ipc_close,
     .vm_granularity = host_vm_granularity,
     .vm_reserve = host_vm_reserve,
     .vm_free = host_vm_free,

@@ -529,6 +529,19 @@ static int resolve_stable(const spw_config_t *c, spw_settings_t *s, char *err, s
   return st;
 }
 
+static int resolve_ipc(const spw_config_t *c, spw_settings_t *s, char *err, size_t errlen) {
+  static const char *const words[] = {"0", "1", "off", "on"};
+  static const int values[] = {SPW_IPC_OFF, SPW_IPC_ON, SPW_IPC_OFF, SPW_IPC_ON};
+  static const keyword_setting_t k = {
+      "config.ipc", "SPILLWAY_IPC", words, values, 4,
+      SPW_IPC_DEFAULT, SPW_IPC_OFF, SPW_IPC_OFF, SPW_IPC_ON,
+      "SPW_IPC_DEFAULT, SPW_IPC_OFF or SPW_IPC_ON", "0, 1, off or on"};
+  int v;
+  int st = resolve_keyword(&k, c->flags, (int)c->ipc, &v, err, errlen);
+  s->ipc = v == SPW_IPC_ON;
+  return st;
+}
+
 int spw__config_resolve(const spw_config_t *cfg, spw_settings_t *out, char *err,
                         size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
@@ -552,6 +565,7 @@ int spw__config_resolve(const spw_config_t *cfg, spw_settings_t *out, char *err,
     SPW_WHOLE_FIELD(trace_path);
     SPW_WHOLE_FIELD(trace_max_bytes);
     SPW_WHOLE_FIELD(stable_addresses);
+    SPW_WHOLE_FIELD(ipc);
 #undef SPW_WHOLE_FIELD
     if (c.flags & ~SPW_CONFIG_IGNORE_ENV)
       return fail(SPW_ERR_INVALID_ARG, err, errlen, "config.flags=0x%x: unknown flag bits",
@@ -570,6 +584,7 @@ int spw__config_resolve(const spw_config_t *cfg, spw_settings_t *out, char *err,
   if ((st = resolve_log_level(&c, &s, err, errlen))) return st;
   if ((st = resolve_trace(&c, &s, err, errlen))) return st;
   if ((st = resolve_stable(&c, &s, err, errlen))) return st;
+  if ((st = resolve_ipc(&c, &s, err, errlen))) return st;
   *out = s;
   return SPW_OK;
 }

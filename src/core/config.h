@@ -34,6 +34,7 @@ typedef struct spw_settings {
   char trace_path[SPW_SPILL_DIR_MAX]; /* "" = no trace; "%p" already replaced */
   uint64_t trace_max;            /* bytes, never 0 */
   int stable_addresses;          /* spw_alloc gives address-stable buffers */
+  int ipc;                       /* device memory exportable through CUDA IPC */
 } spw_settings_t;
 
 /* Resolves `cfg` (NULL = all defaults) and the environment into `out`. On failure `out` is

@@ -4,6 +4,7 @@
  * engine), the disk tier opened on first need, and everything torn down in the reverse
  * order of creation. */
 #include "runtime.h"
+#include "ipc.h"
 #include "host_extent.h"
 #include "peer.h"
 
@@ -70,6 +71,8 @@ static void free_shell(spw_runtime_t *rt) {
   pthread_key_delete(rt->tls_key);
   pthread_mutex_destroy(&rt->tls_mu);
   pthread_mutex_destroy(&rt->ctl_mu);
+  pthread_mutex_destroy(&rt->ipc_mu);
+  free(rt->ipc_opened);
   spw__hints_destroy(&rt->hints);
   pthread_mutex_destroy(&rt->hints_mu);
   pthread_mutex_destroy(&rt->d2h_gate);
@@ -103,6 +106,7 @@ static void close_parts(spw_runtime_t *rt) {
   }
   spw__disk_destroy(rt->disk);
   if (rt->arena) spw__arena_destroy(rt->arena);
+  if (rt->ops) spw__ipc_close_all(rt);
   if (rt->ops) rt->ops->destroy(rt->be);
   spw__handles_destroy(&rt->handles);
   spw__streams_destroy(&rt->streams);
@@ -121,6 +125,7 @@ int spw__runtime_open(const spw_settings_t *settings, void (*armed)(spw_backend_
   pthread_mutex_init(&rt->ctl_mu, NULL);
   pthread_mutex_init(&rt->hints_mu, NULL);
   pthread_mutex_init(&rt->tls_mu, NULL);
+  pthread_mutex_init(&rt->ipc_mu, NULL);
   if (spw__peer_init(rt) != SPW_OK) {
     free(rt);
     return SPW_ERR_SYSTEM;
@@ -150,7 +155,8 @@ int spw__runtime_open(const spw_settings_t *settings, void (*armed)(spw_backend_
   }
   if (st == SPW_OK) st = spw__completions_start(rt->ops, rt->be, &rt->events, &rt->completions);
   if (st == SPW_OK) {
-    spw_dpool_params_t p = {rt->ops, rt->be, rt->null_bstream, rt->budget.limit, rt->completions};
+    spw_dpool_params_t p = {rt->ops, rt->be, rt->null_bstream, rt->budget.limit, rt->completions,
+                            rt->settings.ipc};
     st = spw__dpool_create(&p, &rt->dpool);
   }
   if (st == SPW_OK) {
@@ -204,7 +210,7 @@ void spw__runtime_close(spw_runtime_t *rt) {
       if (s->dptr) spw__stable_unmap(rt->stable, va);
       spw__stable_unreserve(rt->stable, va);
     } else {
-      spw__dpool_free(rt->dpool, s->dptr, s->size, rt->null_bstream);
+      spw__dpool_free_now(rt->dpool, s->dptr, s->size);
     }
     spw__host_extent_free(rt, &s->host);
     spw__disk_free(rt->disk, &s->disk);

@@ -67,6 +67,11 @@ typedef struct spw_counters {
   _Atomic uint64_t peer_returns, peer_return_bytes;
 } spw_counters_t;
 
+typedef struct spw_ipc_opened {
+  void *dptr; /* what spw_ipc_open returned */
+  void *base; /* the region the backend mapped */
+} spw_ipc_opened_t;
+
 struct spw_runtime {
   spw_settings_t settings;
   spw_log_t log;
@@ -124,6 +129,11 @@ struct spw_runtime {
   pthread_mutex_t lend_mu;
   spw_peer_link_t *lent;
   _Atomic uint64_t lent_bytes;
+
+  /* Regions of other processes opened here (ipc.c), under ipc_mu (a leaf). */
+  pthread_mutex_t ipc_mu;
+  spw_ipc_opened_t *ipc_opened;
+  size_t ipc_nopened, ipc_cap;
 
   spw_counters_t c;
 };

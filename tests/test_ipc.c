@@ -1,0 +1,356 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Sharing buffers between processes (spw_ipc_export / spw_ipc_open): another process reads
+ * what this one wrote into a buffer and writes back what this one then reads, on both
+ * backends. The other process is this executable again, started with --ipc-child and the
+ * handle in hex on its command line (a handle is plain bytes: any channel carries it). */
+#include <spawn.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "test_main.h"
+#include "test_util.h"
+
+extern char **environ;
+
+#define SMALL_BYTES ((size_t)64 << 10) /* from a slab */
+#define LARGE_BYTES ((size_t)8 << 20)  /* from an arena */
+#define LIMIT ((uint64_t)64 << 20)
+
+static spw_runtime_t *ipc_runtime(spw_ipc_mode_t mode) {
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.device_limit = LIMIT;
+  cfg.ipc = mode;
+  return test_runtime(&cfg);
+}
+
+/* ---- the other process ----------------------------------------------------------------- */
+
+static void to_hex(const void *p, size_t n, char *out) {
+  const unsigned char *b = p;
+  for (size_t i = 0; i < n; i++) sprintf(out + 2 * i, "%02x", b[i]);
+}
+
+static int from_hex(const char *s, void *p, size_t n) {
+  unsigned char *b = p;
+  if (strlen(s) != 2 * n) return -1;
+  for (size_t i = 0; i < n; i++) {
+    unsigned v;
+    if (sscanf(s + 2 * i, "%2x", &v) != 1) return -1;
+    b[i] = (unsigned char)v;
+  }
+  return 0;
+}
+
+static int child_fail(spw_runtime_t *rt, const char *what, int st) {
+  fprintf(stderr, "child: %s: %s: %s\n", what, spw_err_name(st), rt ? spw_last_error(rt) : "");
+  return 1;
+}
+
+/* The child: opens the handle, checks the bytes are pattern `expect`, writes pattern
+ * `write` over them, closes. Exit 0, or 1 and a message. */
+static int child_main(const char *hex, uint64_t expect, uint64_t write) {
+  spw_ipc_handle_t h;
+  if (from_hex(hex, &h, sizeof h) != 0) return child_fail(NULL, "handle text", SPW_ERR_INVALID_ARG);
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.backend = test_backend();
+  cfg.device_limit = LIMIT;
+  spw_runtime_t *rt = NULL;
+  int st = spw_runtime_create(&cfg, &rt);
+  if (st != SPW_OK) return child_fail(NULL, "runtime", st);
+  spw_stream_t s;
+  void *d = NULL;
+  size_t n = (size_t)h.bytes;
+  uint8_t *buf = malloc(n);
+  if (!buf) return child_fail(rt, "malloc", SPW_ERR_SYSTEM);
+  if ((st = spw_stream_create(rt, &s)) != SPW_OK) return child_fail(rt, "stream", st);
+  if ((st = spw_ipc_open(rt, &h, &d)) != SPW_OK) return child_fail(rt, "open", st);
+  if ((st = spw_memcpy_async(rt, buf, d, n, s)) == SPW_OK) st = spw_stream_synchronize(rt, s);
+  if (st != SPW_OK) return child_fail(rt, "read", st);
+  size_t bad = test_first_mismatch(buf, n, expect);
+  if (bad != SIZE_MAX) {
+    fprintf(stderr, "child: byte %zu of %zu differs\n", bad, n);
+    return 1;
+  }
+  test_fill(buf, n, write);
+  if ((st = spw_memcpy_async(rt, d, buf, n, s)) == SPW_OK) st = spw_stream_synchronize(rt, s);
+  if (st != SPW_OK) return child_fail(rt, "write", st);
+  if ((st = spw_ipc_close(rt, d)) != SPW_OK) return child_fail(rt, "close", st);
+  if ((st = spw_ipc_close(rt, d)) != SPW_ERR_INVALID_ARG) return child_fail(rt, "second close", st);
+  free(buf);
+  spw_stream_destroy(rt, s);
+  st = spw_runtime_destroy(rt);
+  return st == SPW_OK ? 0 : child_fail(NULL, "destroy", st);
+}
+
+/* Runs the child on handle h and returns its exit status. */
+static int run_child(const spw_ipc_handle_t *h, uint64_t expect, uint64_t write) {
+  char hex[2 * sizeof *h + 1], e[32], w[32];
+  to_hex(h, sizeof *h, hex);
+  snprintf(e, sizeof e, "%llu", (unsigned long long)expect);
+  snprintf(w, sizeof w, "%llu", (unsigned long long)write);
+  char *argv[] = {"test_ipc", "--ipc-child", hex, e, w, NULL};
+  pid_t pid;
+  ASSERT_EQ(posix_spawn(&pid, "/proc/self/exe", NULL, NULL, argv, environ), 0);
+  int status = 0;
+  ASSERT_EQ(waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status));
+  return WEXITSTATUS(status);
+}
+
+/* ---- what another process sees ------------------------------------------------------- */
+
+/* Fills a buffer of `bytes`, exports it under a lock, lets the child read and rewrite it,
+ * then reads the child's bytes here. */
+static void shared_both_ways(spw_runtime_t *rt, spw_stream_t s, spw_buf_t b, size_t bytes) {
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  spw_ipc_handle_t h;
+  ASSERT_OK(spw_ipc_export(rt, b, &h));
+  ASSERT_UEQ(h.bytes, bytes);
+  ASSERT_EQ(h.backend, test_backend());
+  ASSERT_EQ(h.pid, getpid());
+  ASSERT_EQ(run_child(&h, 41, 42), 0);
+  ASSERT_OK(spw_stream_synchronize(rt, s)); /* the lock ends: the child has closed */
+  test_expect_fill(rt, b, s, bytes, 42);
+}
+
+static void small_buffer_is_read_and_written_by_another_process(void) {
+  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b = test_filled(rt, s, SMALL_BYTES, 41);
+  shared_both_ways(rt, s, b, SMALL_BYTES);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void large_buffer_is_read_and_written_by_another_process(void) {
+  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b = test_filled(rt, s, LARGE_BYTES, 41);
+  shared_both_ways(rt, s, b, LARGE_BYTES);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void buffer_brought_back_from_disk_is_exported_with_its_data(void) {
+  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b = test_filled(rt, s, LARGE_BYTES, 41);
+  ASSERT_OK(spw_spill(rt, b, SPW_TIER_DISK));
+  ASSERT_OK(spw_wait_idle(rt));
+  /* The acquire brings it back asynchronously; the export waits for that copy. */
+  shared_both_ways(rt, s, b, LARGE_BYTES);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void pointer_inside_a_buffer_exports_from_there(void) {
+  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b = test_filled(rt, s, LARGE_BYTES, 7);
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  /* The second half: the child sees the pattern of seed 41 there. */
+  uint8_t *half = malloc(LARGE_BYTES / 2);
+  test_fill(half, LARGE_BYTES / 2, 41);
+  ASSERT_OK(spw_memcpy_async(rt, (uint8_t *)d + LARGE_BYTES / 2, half, LARGE_BYTES / 2, s));
+  ASSERT_OK(spw_stream_wait(rt, s)); /* waits without releasing the lock */
+  spw_ipc_handle_t h;
+  ASSERT_OK(spw_ipc_export_ptr(rt, (uint8_t *)d + LARGE_BYTES / 2, LARGE_BYTES / 2, &h));
+  ASSERT_UEQ(h.bytes, LARGE_BYTES / 2);
+  ASSERT_EQ(run_child(&h, 41, 42), 0);
+  ASSERT_OK(spw_memcpy_async(rt, half, (uint8_t *)d + LARGE_BYTES / 2, LARGE_BYTES / 2, s));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_EQ(test_first_mismatch(half, LARGE_BYTES / 2, 42), SIZE_MAX);
+  free(half);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+/* ---- refusals ------------------------------------------------------------------------- */
+
+static void export_without_config_ipc_is_unsupported(void) {
+  spw_runtime_t *rt = ipc_runtime(SPW_IPC_OFF);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b = test_filled(rt, s, SMALL_BYTES, 1);
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  spw_ipc_handle_t h;
+  ASSERT_STATUS(spw_ipc_export(rt, b, &h), SPW_ERR_UNSUPPORTED);
+  ASSERT_TRUE(strstr(spw_last_error(rt), "SPILLWAY_IPC") != NULL);
+  ASSERT_STATUS(spw_ipc_export_ptr(rt, d, SMALL_BYTES, &h), SPW_ERR_UNSUPPORTED);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void export_of_an_unlocked_or_spilled_buffer_is_not_locked(void) {
+  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b = test_filled(rt, s, SMALL_BYTES, 1);
+  spw_ipc_handle_t h;
+  ASSERT_STATUS(spw_ipc_export(rt, b, &h), SPW_ERR_NOT_LOCKED);
+  ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_STATUS(spw_ipc_export(rt, b, &h), SPW_ERR_NOT_LOCKED);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_STATUS(spw_ipc_export(rt, b, &h), SPW_ERR_FREED);
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void export_of_an_address_stable_buffer_is_unsupported(void) {
+  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b;
+  int st = spw_alloc_ex(rt, SMALL_BYTES, s, SPW_ALLOC_STABLE, &b);
+  TEST_SKIP_IF(st == SPW_ERR_UNSUPPORTED, "no virtual memory management on this device");
+  ASSERT_OK(st);
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  spw_ipc_handle_t h;
+  ASSERT_STATUS(spw_ipc_export(rt, b, &h), SPW_ERR_UNSUPPORTED);
+  ASSERT_STATUS(spw_ipc_export_ptr(rt, d, SMALL_BYTES, &h), SPW_ERR_INVALID_ARG);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void export_arguments_are_checked(void) {
+  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON), *other = ipc_runtime(SPW_IPC_ON);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b = test_filled(rt, s, SMALL_BYTES, 1);
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  spw_ipc_handle_t h;
+  ASSERT_STATUS(spw_ipc_export(NULL, b, &h), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_ipc_export(rt, b, NULL), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_ipc_export(rt, SPW_BUF_NULL, &h), SPW_ERR_INVALID_HANDLE);
+  ASSERT_STATUS(spw_ipc_export(other, b, &h), SPW_ERR_INVALID_HANDLE);
+  ASSERT_STATUS(spw_ipc_export_ptr(rt, NULL, 1, &h), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_ipc_export_ptr(rt, d, 0, &h), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_ipc_export_ptr(rt, d, 1, NULL), SPW_ERR_INVALID_ARG);
+  /* Memory the runtime does not own, and a range running past its region. */
+  static uint8_t elsewhere[64];
+  ASSERT_STATUS(spw_ipc_export_ptr(rt, elsewhere, sizeof elsewhere, &h), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_ipc_export_ptr(rt, d, (size_t)1 << 40, &h), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_ipc_export_ptr(other, d, SMALL_BYTES, &h), SPW_ERR_INVALID_ARG);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(other));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void open_of_a_handle_of_this_process_is_unsupported(void) {
+  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b = test_filled(rt, s, SMALL_BYTES, 1);
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  spw_ipc_handle_t h;
+  ASSERT_OK(spw_ipc_export(rt, b, &h));
+  void *opened = NULL;
+  ASSERT_STATUS(spw_ipc_open(rt, &h, &opened), SPW_ERR_UNSUPPORTED);
+  ASSERT_PTR_EQ(opened, NULL);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void open_arguments_and_forged_handles_are_refused(void) {
+  spw_runtime_t *rt = ipc_runtime(SPW_IPC_OFF); /* an importer needs no exportable memory */
+  spw_ipc_handle_t h;
+  memset(&h, 0, sizeof h);
+  h.backend = (int32_t)test_backend();
+  h.pid = (uint32_t)getpid() + 1;
+  h.bytes = 4096;
+  void *d = NULL;
+  ASSERT_STATUS(spw_ipc_open(NULL, &h, &d), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_ipc_open(rt, NULL, &d), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_ipc_open(rt, &h, NULL), SPW_ERR_INVALID_ARG);
+  spw_ipc_handle_t bad = h;
+  bad.backend = test_backend() == SPW_BACKEND_HOST ? SPW_BACKEND_CUDA : SPW_BACKEND_HOST;
+  ASSERT_STATUS(spw_ipc_open(rt, &bad, &d), SPW_ERR_INVALID_ARG);
+  bad = h;
+  bad.bytes = 0;
+  ASSERT_STATUS(spw_ipc_open(rt, &bad, &d), SPW_ERR_INVALID_ARG);
+  bad = h;
+  bad.offset = UINT64_MAX;
+  ASSERT_STATUS(spw_ipc_open(rt, &bad, &d), SPW_ERR_INVALID_ARG);
+  /* Zero bytes are no handle either backend made: host refuses its form, CUDA the handle. */
+  int st = spw_ipc_open(rt, &h, &d);
+  ASSERT_TRUE(st == SPW_ERR_INVALID_ARG || st == SPW_ERR_CUDA);
+  ASSERT_PTR_EQ(d, NULL);
+  ASSERT_STATUS(spw_ipc_close(rt, NULL), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_ipc_close(rt, &h), SPW_ERR_INVALID_ARG);
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void config_ipc_is_validated(void) {
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.flags = SPW_CONFIG_IGNORE_ENV;
+  cfg.ipc = (spw_ipc_mode_t)7;
+  char msg[256];
+  ASSERT_STATUS(spw_config_validate(&cfg, msg, sizeof msg), SPW_ERR_CONFIG);
+  ASSERT_TRUE(strstr(msg, "config.ipc") != NULL);
+  cfg.ipc = SPW_IPC_ON;
+  ASSERT_OK(spw_config_validate(&cfg, msg, sizeof msg));
+}
+
+/* ---- the exportable pool under ordinary work ------------------------------------------ */
+
+/* Four times the limit in buffers of both kinds, spilled and brought back through host and
+ * disk: arenas and slabs give and take memory as the async pool would, and no byte is lost. */
+static void exportable_memory_keeps_every_byte_through_spills(void) {
+  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  enum { NL = 24, NS = 64 };
+  spw_buf_t large[NL], small[NS];
+  for (int i = 0; i < NL; i++) large[i] = test_filled(rt, s, LARGE_BYTES + 4096 * (size_t)i, 100 + (uint64_t)i);
+  for (int i = 0; i < NS; i++) small[i] = test_filled(rt, s, SMALL_BYTES, 500 + (uint64_t)i);
+  for (int round = 0; round < 2; round++) {
+    spw_tier_t tier = round == 0 ? SPW_TIER_HOST : SPW_TIER_DISK;
+    (void)test_spill_counted(rt, large, NL / 2, tier);
+    (void)test_spill_counted(rt, small, NS / 2, tier);
+    for (int i = 0; i < NL; i++)
+      test_expect_fill(rt, large[i], s, LARGE_BYTES + 4096 * (size_t)i, 100 + (uint64_t)i);
+    for (int i = 0; i < NS; i++) test_expect_fill(rt, small[i], s, SMALL_BYTES, 500 + (uint64_t)i);
+  }
+  for (int i = 0; i < NL; i++) ASSERT_OK(spw_free(rt, large[i]));
+  for (int i = 0; i < NS; i++) ASSERT_OK(spw_free(rt, small[i]));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static const spw_test_t tests[] = {
+    TEST(small_buffer_is_read_and_written_by_another_process),
+    TEST(large_buffer_is_read_and_written_by_another_process),
+    TEST(buffer_brought_back_from_disk_is_exported_with_its_data),
+    TEST(pointer_inside_a_buffer_exports_from_there),
+    TEST(export_without_config_ipc_is_unsupported),
+    TEST(export_of_an_unlocked_or_spilled_buffer_is_not_locked),
+    TEST(export_of_an_address_stable_buffer_is_unsupported),
+    TEST(export_arguments_are_checked),
+    TEST(open_of_a_handle_of_this_process_is_unsupported),
+    TEST(open_arguments_and_forged_handles_are_refused),
+    TEST(config_ipc_is_validated),
+    TEST(exportable_memory_keeps_every_byte_through_spills),
+};
+
+int main(int argc, char **argv) {
+  if (argc == 5 && strcmp(argv[1], "--ipc-child") == 0)
+    return child_main(argv[2], strtoull(argv[3], NULL, 10), strtoull(argv[4], NULL, 10));
+  spw_suite_t suite = {tests, sizeof tests / sizeof tests[0], NULL, NULL, NULL, NULL};
+  return spw_test_main(&suite, argc, argv);
+}
