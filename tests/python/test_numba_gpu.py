@@ -3,6 +3,9 @@
 conftest) and deferrable arrays in kernels, on a small device budget (GPU_LIMIT).
 Skipped without numba-cuda and a CUDA device."""
 import gc
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -193,10 +196,59 @@ def test_get_memory_info_reports_the_budget():
     assert info.total == GPU_LIMIT and 0 <= info.free <= info.total
 
 
-def test_ipc_export_is_refused_with_the_reason():
+def test_ipc_export_without_ipc_is_refused_with_the_way_to_turn_it_on():
     d = cuda.device_array(1024)
-    with pytest.raises(spillway.UnsupportedError, match="memory pool"):
+    with pytest.raises(spillway.UnsupportedError, match="SPILLWAY_IPC=1"):
         d.get_ipc_handle()
+
+
+# Run as a script (a spawned child imports `child` from it): the parent allocates through
+# the plugin with SPILLWAY_IPC=1 and exports with Numba's get_ipc_handle; each child opens the
+# handle with Numba's own IPC (cuIpcOpenMemHandle) and sends back what it reads. With
+# SPW_CHILD_DEFAULT the children run Numba's built-in manager: the handle is CUDA's own.
+_IPC_SCRIPT = """
+import multiprocessing as mp, os, sys
+import numpy as np
+from numba import cuda
+
+def child(handle, queue):
+    with handle as darr:
+        queue.put((type(cuda.current_context().memory_manager).__name__, darr.copy_to_host()))
+
+if __name__ == "__main__":
+    import spillway.numba as sn
+    host = np.arange(100_000, dtype=np.float64)
+    d = cuda.to_device(host)                      # 800 kB: from an arena
+    small = cuda.to_device(host[:10])[3:8]        # a view into a slab's block
+    parent = type(cuda.current_context().memory_manager).__name__
+    if os.environ.get("SPW_CHILD_DEFAULT"):
+        del os.environ["NUMBA_CUDA_MEMORY_MANAGER"]  # read by the children only now
+    ctx = mp.get_context("spawn")
+    for arr, expect in ((d, host), (small, host[3:8])):
+        handle = arr.get_ipc_handle()
+        q = ctx.Queue()
+        p = ctx.Process(target=child, args=(handle, q))
+        p.start()
+        manager, got = q.get(timeout=120)
+        p.join(60)
+        assert p.exitcode == 0 and (got == expect).all(), (p.exitcode, got[:4])
+    print(parent, manager)
+"""
+
+
+@pytest.mark.parametrize("child_default", [False, True])
+def test_numba_ipc_of_plugin_memory_opens_in_a_child(tmp_path, child_default):
+    script = tmp_path / "ipc_child.py"
+    script.write_text(_IPC_SCRIPT)
+    env = dict(os.environ, NUMBA_CUDA_MEMORY_MANAGER="spillway.numba", SPILLWAY_IPC="1")
+    if child_default:
+        env["SPW_CHILD_DEFAULT"] = "1"
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr
+    parent, child = r.stdout.split()
+    assert parent == "SpillwayNumbaManager"
+    assert child == ("NumbaCUDAMemoryManager" if child_default else "SpillwayNumbaManager")
 
 
 def test_the_environment_variable_selects_the_plugin_in_a_fresh_process():

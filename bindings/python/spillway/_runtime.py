@@ -88,7 +88,8 @@ class Runtime(_c.RuntimeBase):
     engine's work (SPILLWAY_TRACE; ``python -m spillway.plot`` draws it), ``trace_max`` its
     size cap (SPILLWAY_TRACE_MAX). ``stable_addresses=True`` makes every allocation
     address-stable unless it passes ``stable=False`` (SPILLWAY_STABLE_ADDRESSES; default
-    off; docs/python.md "Address-stable arrays").
+    off; docs/python.md "Address-stable arrays"). ``ipc=True`` takes device memory from
+    regions CUDA IPC can export (SPILLWAY_IPC; default off; :meth:`ipc_export`).
 
     Use it as a context manager, or call :meth:`close`. Every method is thread-safe except
     :meth:`close`; calls that can wait release the GIL.
@@ -106,7 +107,8 @@ class Runtime(_c.RuntimeBase):
                  host_device_bytes: Union[int, str, None] = None,
                  ignore_env: bool = False, trace: Optional[str] = None,
                  trace_max: Union[int, str, None] = None,
-                 stable_addresses: Optional[bool] = None) -> None:
+                 stable_addresses: Optional[bool] = None,
+                 ipc: Optional[bool] = None) -> None:
         # Handles of the streams this runtime created and not yet destroyed (ints, not the
         # Stream objects: a Stream refers to its runtime, and a cycle would keep a dropped
         # runtime alive until the cyclic collector runs).
@@ -229,6 +231,35 @@ class Runtime(_c.RuntimeBase):
         move on (the memory then stays lent, the buffers intact in it: call again once
         there is room); WouldDeadlockError (from a controller method)."""
         super().peer_reclaim(borrower)
+
+    # -- sharing memory with other processes -------------------------------------------
+    def ipc_export(self, ptr: int, nbytes: int) -> bytes:
+        """Exports the device memory ``[ptr, ptr + nbytes)`` of this runtime
+        (``spw_ipc_export_ptr``): bytes that :meth:`ipc_open` in another process turns into
+        a pointer to the same memory. The runtime must have been created with ``ipc=True``;
+        the memory must stay locked here (an acquired buffer, or memory lent to a library)
+        for as long as another process has it open.
+
+        Errors: TypeError (not ints); InvalidArgumentError (a closed runtime, a range outside
+        this runtime's IPC memory); UnsupportedError (``ipc`` off)."""
+        return super().ipc_export(ptr, nbytes)
+
+    def ipc_open(self, handle: bytes) -> int:
+        """Opens what :meth:`ipc_export` gave in another process (``spw_ipc_open``) and
+        returns a device pointer to that memory, on this runtime's device. The memory is the
+        exporter's: it does not count here and never spills. Close it with
+        :meth:`ipc_close` before the exporter lets it go.
+
+        Errors: TypeError (not bytes); ValueError (the wrong length); InvalidArgumentError
+        (a handle of the other backend, or forged); UnsupportedError (a handle of this
+        process); CudaError (the exporter or its memory is gone)."""
+        return super().ipc_open(handle)
+
+    def ipc_close(self, ptr: int) -> None:
+        """Closes a pointer :meth:`ipc_open` returned (``spw_ipc_close``).
+
+        Errors: InvalidArgumentError (not such a pointer, or closed already)."""
+        super().ipc_close(ptr)
 
     def stats(self) -> Stats:
         return Stats(*self._stats())

@@ -26,12 +26,13 @@ from typing import Any, Dict, Iterator, Optional
 import numpy as np
 from numba import cuda
 from numba.cuda.cudadrv import devicearray as _devicearray
-from numba.cuda.cudadrv.driver import (CudaAPIError, HostOnlyCUDAMemoryManager, MemoryInfo,
+from numba.cuda.cudadrv.driver import (CudaAPIError, GetIpcHandleMixin,
+                                       HostOnlyCUDAMemoryManager, IpcHandle, MemoryInfo,
                                        MemoryPointer)
 
 from . import _spillway as _c
 from . import process as _process
-from ._errors import OutOfMemoryError, UnsupportedError
+from ._errors import InvalidArgumentError, OutOfMemoryError, UnsupportedError
 from ._runtime import Runtime, StreamLike
 from .array import DeferrableArray, ReadOnly
 
@@ -57,7 +58,8 @@ if hasattr(_devicearray, "_to_strided_memory_view") and hasattr(
 # cuda.core allocators, so that Numba memory, their memory and deferrable arrays have one
 # budget.
 _Device = _process.Device
-_NUMBA = _process.LIBRARIES.index("numba")  # the counter of spillway.usage()
+_NUMBA = _process.LIBRARIES.index("numba")
+_IPC_HANDLE_BYTES = 64  # cudaIpcMemHandle_t, first in spw_ipc_handle_t  # the counter of spillway.usage()
 
 
 def configure(**config: Any) -> None:
@@ -125,7 +127,9 @@ class SpillwayNumbaManager(HostOnlyCUDAMemoryManager):
       defers Numba's host-side cleanup (HostOnlyCUDAMemoryManager's).
     * ``get_memory_info``: total = the device budget, free = the part not locked (unlocked
       buffers can be spilled to make room).
-    * ``get_ipc_handle``: refused (UnsupportedError), see its text.
+    * ``get_ipc_handle``: CUDA IPC handles Numba's IPC machinery opens in another process,
+      where the runtime was created with ``ipc`` on (SPILLWAY_IPC=1); refused with
+      UnsupportedError otherwise (docs/python.md, "IPC").
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
@@ -166,13 +170,30 @@ class SpillwayNumbaManager(HostOnlyCUDAMemoryManager):
         return MemoryInfo(free=max(0, s.device_limit - s.locked_bytes), total=s.device_limit)
 
     def get_ipc_handle(self, memory):
-        raise UnsupportedError(
-            "SPW_ERR_UNSUPPORTED: CUDA IPC export of Spillway memory is not supported: "
-            "Spillway's device memory comes from a stream-ordered memory pool and from "
-            "shared slabs, which cuIpcGetMemHandle cannot export, and a deferrable buffer "
-            "has no fixed address another process could keep; allocate IPC buffers outside "
-            "the plugin (e.g. with cuMemAlloc) and copy into them",
-            _c.SPW_ERR_UNSUPPORTED, "ipc")
+        # Numba's IPC is CUDA's legacy IPC: the child opens the raw handle bytes with
+        # cuIpcOpenMemHandle, which only memory from cudaMalloc can be exported for. A
+        # runtime with ipc on takes its device memory from such regions; the handle names
+        # the region and the offset says where this memory lies in it, as Numba's own
+        # manager does for its allocations. The plugin's memory stays locked for as long as
+        # Numba holds it, which is what keeps it in place for the other process.
+        rt = self._device_state().runtime
+        try:
+            raw = rt.ipc_export(int(memory.handle), memory.size)
+        except UnsupportedError:
+            raise UnsupportedError(
+                "SPW_ERR_UNSUPPORTED: this process's Spillway runtime cannot export memory "
+                "through CUDA IPC: set SPILLWAY_IPC=1 (or spillway.numba.configure(ipc=True)) "
+                "before the first CUDA use, so that its device memory comes from regions "
+                "cuIpcGetMemHandle can export", _c.SPW_ERR_UNSUPPORTED, "ipc") from None
+        except InvalidArgumentError:
+            # Not the runtime's memory (a foreign array's): Numba's own way, which works for
+            # memory that came from cudaMalloc.
+            return GetIpcHandleMixin.get_ipc_handle(self, memory)
+        handle = _cu.CUipcMemHandle()
+        handle.reserved = raw[:_IPC_HANDLE_BYTES]
+        offset = int.from_bytes(raw[_IPC_HANDLE_BYTES:_IPC_HANDLE_BYTES + 8], "little")
+        source_info = self.context.device.get_device_identity()
+        return IpcHandle(memory, handle, memory.size, source_info, offset=offset)
 
     def reset(self) -> None:
         super().reset()

@@ -25,11 +25,12 @@
 /* The configuration keywords, in spw_config_t's order: Runtime(...) takes exactly these
  * (CONFIG_FIELDS), each by keyword, and each None or left out is "unset" (SPILLWAY_* or the
  * default). `trace` and `trace_max` are trace_path and trace_max_bytes; `ignore_env` is
- * the flag SPW_CONFIG_IGNORE_ENV; `stable_addresses` is a bool (OFF/ON) or None (DEFAULT). */
+ * the flag SPW_CONFIG_IGNORE_ENV; `stable_addresses` and `ipc` are bools (OFF/ON) or None
+ * (DEFAULT). */
 #define SPWPY_CONFIG_FIELDS(X)                                                               \
   X(device) X(backend) X(device_limit) X(host_limit) X(disk_limit) X(spill_dir) X(io)        \
   X(high_watermark) X(low_watermark) X(log_level) X(host_device_bytes) X(ignore_env)         \
-  X(trace) X(trace_max) X(stable_addresses)
+  X(trace) X(trace_max) X(stable_addresses) X(ipc)
 
 enum {
 #define SPWPY_CFG_INDEX(f) CFG_##f,
@@ -116,7 +117,7 @@ static int tristate_from(PyObject *v, const char *field, int unset, int on, int 
 
 static int config_from(PyObject *const v[CFG_N], spw_config_t *cfg, PyObject **keep_dir,
                        PyObject **keep_trace) {
-  int backend, io, log_level, stable;
+  int backend, io, log_level, stable, ipc;
   unsigned long long device = 0;
   if (v[CFG_device] != Py_None &&
       spwpy_u64_from(v[CFG_device], "device", 0, SPW_ERR_CONFIG, &device) < 0)
@@ -139,9 +140,11 @@ static int config_from(PyObject *const v[CFG_N], spw_config_t *cfg, PyObject **k
       path_from(v[CFG_trace], "trace", keep_trace, &cfg->trace_path) < 0 ||
       spwpy_size_from(v[CFG_trace_max], "trace_max", &cfg->trace_max_bytes) < 0 ||
       tristate_from(v[CFG_stable_addresses], "stable_addresses", SPW_STABLE_DEFAULT,
-                    SPW_STABLE_ON, SPW_STABLE_OFF, &stable) < 0)
+                    SPW_STABLE_ON, SPW_STABLE_OFF, &stable) < 0 ||
+      tristate_from(v[CFG_ipc], "ipc", SPW_IPC_DEFAULT, SPW_IPC_ON, SPW_IPC_OFF, &ipc) < 0)
     return -1;
   cfg->stable_addresses = (spw_stable_mode_t)stable;
+  cfg->ipc = (spw_ipc_mode_t)ipc;
   cfg->backend = (spw_backend_kind_t)backend;
   cfg->io = (spw_io_kind_t)io;
   cfg->log_level = (spw_log_level_t)log_level;
@@ -743,6 +746,69 @@ static PyObject *peer_raise(spwpy_runtime_t *r, spwpy_runtime_t *b, int st) {
   return spwpy_raise(from, st);
 }
 
+/* ipc_export(ptr, nbytes) -> bytes: spw_ipc_export_ptr; the bytes are the spw_ipc_handle_t. */
+static PyObject *runtime_ipc_export(PyObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"ptr", "nbytes", NULL};
+  spwpy_runtime_t *r = R(self);
+  LIVE(r);
+  PyObject *pobj, *nobj;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", kwlist, &pobj, &nobj)) return NULL;
+  unsigned long long ptr, n;
+  if (spwpy_u64_from(pobj, "ptr", 1, SPW_ERR_INVALID_ARG, &ptr) < 0 ||
+      spwpy_u64_from(nobj, "nbytes", 1, SPW_ERR_INVALID_ARG, &n) < 0)
+    return NULL;
+  if (ptr > UINTPTR_MAX || n > SIZE_MAX) return spwpy_raise(r->rt, SPW_ERR_INVALID_ARG);
+  spw_ipc_handle_t h;
+  int st = spw_ipc_export_ptr(r->rt, (const void *)(uintptr_t)ptr, (size_t)n, &h);
+  if (st != SPW_OK) return spwpy_raise(r->rt, st);
+  return PyBytes_FromStringAndSize((const char *)&h, sizeof h);
+}
+
+/* ipc_open(handle) -> int: spw_ipc_open over the bytes ipc_export gave in another process. */
+static PyObject *runtime_ipc_open(PyObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"handle", NULL};
+  spwpy_runtime_t *r = R(self);
+  LIVE(r);
+  PyObject *hobj;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &hobj)) return NULL;
+  if (!PyBytes_Check(hobj))
+    return PyErr_Format(PyExc_TypeError, "handle must be bytes, not %R",
+                        (PyObject *)Py_TYPE(hobj));
+  spw_ipc_handle_t h;
+  char *raw;
+  Py_ssize_t len;
+  if (PyBytes_AsStringAndSize(hobj, &raw, &len) < 0) return NULL;
+  if (len != (Py_ssize_t)sizeof h)
+    return PyErr_Format(PyExc_ValueError, "an IPC handle is %zu bytes (Runtime.ipc_export)",
+                        sizeof h);
+  memcpy(&h, raw, sizeof h);
+  void *d = NULL;
+  int st;
+  Py_BEGIN_ALLOW_THREADS
+  st = spw_ipc_open(r->rt, &h, &d);
+  Py_END_ALLOW_THREADS
+  if (st != SPW_OK) return spwpy_raise(r->rt, st);
+  return PyLong_FromUnsignedLongLong((unsigned long long)(uintptr_t)d);
+}
+
+/* ipc_close(ptr): spw_ipc_close. */
+static PyObject *runtime_ipc_close(PyObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"ptr", NULL};
+  spwpy_runtime_t *r = R(self);
+  LIVE(r);
+  PyObject *pobj;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &pobj)) return NULL;
+  unsigned long long ptr;
+  if (spwpy_u64_from(pobj, "ptr", 1, SPW_ERR_INVALID_ARG, &ptr) < 0) return NULL;
+  if (ptr > UINTPTR_MAX) return spwpy_raise(r->rt, SPW_ERR_INVALID_ARG);
+  int st;
+  Py_BEGIN_ALLOW_THREADS
+  st = spw_ipc_close(r->rt, (void *)(uintptr_t)ptr);
+  Py_END_ALLOW_THREADS
+  if (st != SPW_OK) return spwpy_raise(r->rt, st);
+  Py_RETURN_NONE;
+}
+
 /* peer_lend(borrower, nbytes): spw_peer_lend(self, borrower, nbytes). On success the
  * borrower keeps a strong reference to self until the memory is reclaimed or the borrower
  * is destroyed. */
@@ -987,6 +1053,9 @@ static PyMethodDef runtime_methods[] = {
     {"prefetch_n", (PyCFunction)(void (*)(void))runtime_prefetch_n, METH_VARARGS | METH_KEYWORDS, NULL},
     {"wait_idle", runtime_wait_idle, METH_NOARGS, NULL},
     {"peer_lend", (PyCFunction)(void (*)(void))runtime_peer_lend, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"ipc_export", (PyCFunction)(void (*)(void))runtime_ipc_export, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"ipc_open", (PyCFunction)(void (*)(void))runtime_ipc_open, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"ipc_close", (PyCFunction)(void (*)(void))runtime_ipc_close, METH_VARARGS | METH_KEYWORDS, NULL},
     {"peer_reclaim", (PyCFunction)(void (*)(void))runtime_peer_reclaim, METH_VARARGS | METH_KEYWORDS, NULL},
     {"_stats", runtime_stats, METH_NOARGS, NULL},
     {"summary", runtime_summary, METH_NOARGS, NULL},

@@ -1,0 +1,124 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Device memory shared with another process (Runtime.ipc_export / ipc_open / ipc_close,
+spw_ipc_export_ptr / spw_ipc_open / spw_ipc_close) on the host backend, where a runtime
+created with ipc=True keeps its device memory in shared memory another process can map:
+the other process reads what this one wrote and writes back what this one then reads.
+Bad arguments and refusals are the documented exceptions."""
+import multiprocessing as mp
+
+import numpy as np
+import pytest
+
+import spillway
+
+MiB = 1 << 20
+HANDLE_BYTES = 96  # sizeof(spw_ipc_handle_t)
+
+
+def host_runtime(ipc=True):
+    return spillway.Runtime(backend="host", device_limit=64 * MiB, host_device_bytes=128 * MiB,
+                            ipc=ipc, ignore_env=True, log_level="error")
+
+
+def _child(handle, nbytes, queue):
+    """Opens the handle, sends back what it reads, writes 7s over it, closes."""
+    try:
+        with host_runtime(ipc=False) as rt:
+            ptr = rt.ipc_open(handle)
+            got = np.empty(nbytes, np.uint8)
+            rt.memcpy(got.ctypes.data, ptr, nbytes)
+            sevens = np.full(nbytes, 7, np.uint8)
+            rt.memcpy(ptr, sevens.ctypes.data, nbytes)
+            rt.ipc_close(ptr)
+            with pytest.raises(spillway.InvalidArgumentError):
+                rt.ipc_close(ptr)
+        queue.put(("ok", got))
+    except BaseException as e:  # the parent reports it
+        queue.put(("error", repr(e)))
+
+
+@pytest.mark.parametrize("nbytes", [64 << 10, 8 * MiB])  # a slab's block, an arena's
+def test_another_process_reads_and_writes_an_exported_buffer(nbytes):
+    with host_runtime() as rt:
+        buf = rt.alloc(nbytes)
+        data = np.arange(nbytes, dtype=np.uint64).astype(np.uint8)
+        ptr = buf.acquire()
+        rt.memcpy(ptr, data.ctypes.data, nbytes)
+        handle = rt.ipc_export(ptr, nbytes)
+        assert isinstance(handle, bytes) and len(handle) == HANDLE_BYTES
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_child, args=(handle, nbytes, queue))
+        proc.start()
+        status, got = queue.get(timeout=120)
+        proc.join(60)
+        assert status == "ok", got
+        np.testing.assert_array_equal(got, data)
+        back = np.empty(nbytes, np.uint8)
+        rt.memcpy(back.ctypes.data, ptr, nbytes)
+        assert (back == 7).all()
+        buf.release()
+        buf.free()
+
+
+def test_export_needs_a_runtime_created_with_ipc():
+    with host_runtime(ipc=False) as rt:
+        buf = rt.alloc(4096)
+        ptr = buf.acquire()
+        with pytest.raises(spillway.UnsupportedError):
+            rt.ipc_export(ptr, 4096)
+        assert "SPILLWAY_IPC" in rt.last_error()
+        buf.release()
+
+
+def test_export_refuses_memory_the_runtime_does_not_hold():
+    with host_runtime() as rt:
+        host = np.zeros(4096, np.uint8)
+        with pytest.raises(spillway.InvalidArgumentError):
+            rt.ipc_export(host.ctypes.data, 4096)
+        buf = rt.alloc(4096)
+        ptr = buf.acquire()
+        with pytest.raises(spillway.InvalidArgumentError):
+            rt.ipc_export(ptr, 1 << 40)
+        with pytest.raises(spillway.InvalidArgumentError):
+            rt.ipc_export(ptr, 0)
+        with pytest.raises(TypeError):
+            rt.ipc_export("ptr", 4096)
+        with pytest.raises(TypeError):
+            rt.ipc_export(ptr, 4096.0)
+        buf.release()
+
+
+def test_a_handle_of_this_process_is_refused():
+    with host_runtime() as rt:
+        buf = rt.alloc(4096)
+        ptr = buf.acquire()
+        handle = rt.ipc_export(ptr, 4096)
+        with pytest.raises(spillway.UnsupportedError):
+            rt.ipc_open(handle)
+        buf.release()
+
+
+def test_open_refuses_what_is_no_handle():
+    with host_runtime() as rt:
+        with pytest.raises(ValueError):
+            rt.ipc_open(b"short")
+        with pytest.raises(TypeError):
+            rt.ipc_open("not bytes")
+        with pytest.raises(spillway.SpillwayError):
+            rt.ipc_open(bytes(HANDLE_BYTES))  # zeros: backend and size say no handle
+        with pytest.raises(spillway.InvalidArgumentError):
+            rt.ipc_close(12345)
+        with pytest.raises(spillway.InvalidArgumentError):
+            rt.ipc_close(0)
+
+
+def test_a_closed_runtime_refuses_ipc_calls():
+    rt = host_runtime()
+    rt.close()
+    with pytest.raises(spillway.SpillwayError):
+        rt.ipc_export(4096, 4096)
+    with pytest.raises(spillway.SpillwayError):
+        rt.ipc_open(bytes(HANDLE_BYTES))
+    with pytest.raises(spillway.SpillwayError):
+        rt.ipc_close(4096)
