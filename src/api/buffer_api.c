@@ -72,8 +72,11 @@ int spw_buf_size(spw_runtime_t *rt, spw_buf_t buf, size_t *out) {
 }
 
 /* Whether the buffer's host placement is in lent peer memory; the slot mutex makes it a
- * consistent read (a mover changes the placement only under it, at its commit). */
-static int in_peer_memory(spw_slot_t *s) {
+ * consistent read (a mover changes the placement only under it, at its commit). Without a
+ * peer tier no buffer is there (peer_on is set before the first spill to it and cleared
+ * after the last buffer left), and the query costs no lock. */
+static int in_peer_memory(spw_runtime_t *rt, spw_slot_t *s) {
+  if (!atomic_load_explicit(&rt->peer_on, memory_order_acquire)) return 0;
   pthread_mutex_lock(&s->mu);
   int peer = s->host.ptr && s->host.peer;
   pthread_mutex_unlock(&s->mu);
@@ -86,7 +89,7 @@ int spw_buf_state(spw_runtime_t *rt, spw_buf_t buf, spw_state_t *out) {
   int st = live_word(rt, buf, out, &s, &w);
   if (st != SPW_OK) return st;
   *out = (spw_state_t)spw__w_state(w);
-  if (*out == SPW_STATE_HOST && in_peer_memory(s)) *out = SPW_STATE_PEER;
+  if (*out == SPW_STATE_HOST && in_peer_memory(rt, s)) *out = SPW_STATE_PEER;
   return SPW_OK;
 }
 
@@ -97,7 +100,7 @@ int spw_buf_tier(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t *out) {
   if (st != SPW_OK) return st;
   switch (spw__w_state(w)) {
   case SPW_STATE_HOST:
-  case SPW_STATE_DEMOTING: *out = in_peer_memory(s) ? SPW_TIER_PEER : SPW_TIER_HOST; break;
+  case SPW_STATE_DEMOTING: *out = in_peer_memory(rt, s) ? SPW_TIER_PEER : SPW_TIER_HOST; break;
   case SPW_STATE_DISK: *out = SPW_TIER_DISK; break;
   case SPW_STATE_UNSPILLING: {
     /* Where it comes from: the slot mutex makes the placement a consistent read. */
