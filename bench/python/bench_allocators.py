@@ -17,11 +17,14 @@ import sys
 import time
 
 SIZES = [(1 << 10, "1 KiB", 20000), (1 << 20, "1 MiB", 5000), (64 << 20, "64 MiB", 500)]
+# spillway-ipc: the same, on a runtime created with ipc=True (SPILLWAY_IPC=1), whose large
+# blocks come from cudaMalloc'd arenas the runtime divides itself instead of the stream-ordered
+# pool (docs/api.md, "Sharing buffers between processes")
 ALLOCATORS = {
-    "cupy": ["own", "spillway", "rmm", "rmm-pool"],
+    "cupy": ["own", "spillway", "spillway-ipc", "rmm", "rmm-pool"],
     # spillway-mempool: PyTorch's caching allocator over a MemPool of Spillway's allocator
-    "torch": ["own", "spillway", "spillway-mempool", "rmm", "rmm-pool"],
-    "cuda.core": ["own", "spillway"],
+    "torch": ["own", "spillway", "spillway-ipc", "spillway-mempool", "rmm", "rmm-pool"],
+    "cuda.core": ["own", "spillway", "spillway-ipc"],
 }
 
 
@@ -30,17 +33,17 @@ def _rmm(pool: bool) -> None:
     rmm.reinitialize(pool_allocator=pool, initial_pool_size=(1 << 30) if pool else None)
 
 
-def _spillway_config() -> None:
+def _spillway_config(how: str) -> None:
     import spillway.process as P
-    P.configure(device_limit="8GiB")
+    P.configure(device_limit="8GiB", ipc=how == "spillway-ipc")
 
 
 def setup(lib: str, how: str):
     """Returns alloc(size) -> object whose deletion frees, and sync()."""
     if lib == "cupy":
         import cupy
-        if how == "spillway":
-            _spillway_config()
+        if how in ("spillway", "spillway-ipc"):
+            _spillway_config(how)
             import spillway.cupy as sc
             cupy.cuda.set_allocator(sc.malloc)
         elif how.startswith("rmm"):
@@ -51,12 +54,12 @@ def setup(lib: str, how: str):
     if lib == "torch":
         import torch
         ctx = None
-        if how == "spillway":
-            _spillway_config()
+        if how in ("spillway", "spillway-ipc"):
+            _spillway_config(how)
             import spillway.torch as st
             st.install()
         elif how == "spillway-mempool":
-            _spillway_config()
+            _spillway_config(how)
             import spillway.torch as st
             ctx = torch.cuda.use_mem_pool(st.mem_pool())
             ctx.__enter__()
@@ -73,8 +76,8 @@ def setup(lib: str, how: str):
         d = Device()
         d.set_current()
         s = d.default_stream
-        if how == "spillway":
-            _spillway_config()
+        if how in ("spillway", "spillway-ipc"):
+            _spillway_config(how)
             from spillway.cuda_core import SpillwayMemoryResource
             mr = SpillwayMemoryResource(d.device_id)
         else:
@@ -125,15 +128,16 @@ def main() -> None:
             results[lib][how] = json.loads(r.stdout.strip().splitlines()[-1])["us"]
         hows = ALLOCATORS[lib]
         print(f"\n{lib}: microseconds per allocation + free")
-        print("| size | " + " | ".join(hows) + " | spillway / rmm-pool |")
-        print("|---|" + "---|" * (len(hows) + 1))
+        print("| size | " + " | ".join(hows) + " | spillway / rmm-pool | spillway-ipc / rmm-pool |")
+        print("|---|" + "---|" * (len(hows) + 2))
         for _, label, _ in SIZES:
             def us(h):
                 v = results[lib].get(h)
                 return v[label] if v else float("nan")
             ratio = us("spillway") / us("rmm-pool") if "rmm-pool" in hows else float("nan")
+            ipc = us("spillway-ipc") / us("rmm-pool") if "rmm-pool" in hows else float("nan")
             print(f"| {label} | " + " | ".join(f"{us(h):.2f}" for h in hows) +
-                  f" | {ratio:.2f}x |")
+                  f" | {ratio:.2f}x | {ipc:.2f}x |")
     print("goal: spillway no slower than rmm-pool at each size")
     if a.json:
         with open(a.json, "w") as f:
