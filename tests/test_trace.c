@@ -3,7 +3,9 @@
  * a known sequence of moves gives a file that is valid JSON in Chrome's trace-event format
  * with one event for each of them (spill, spill to disk, demotion, unspill, disk read, lock
  * wait, spill on demand) and the tier counters; a batch is one slice; the size cap holds;
- * "%p" names the process; a trace that cannot be written leaves the runtime working.
+ * "%p" names the process; a trace that cannot be written leaves the runtime working; a
+ * buffer's owner (SPW_ALLOC_OWNER) is named in its events, and each owner has a counter of
+ * its bytes on the device.
  *
  * The file holds one event per line, so each line is checked as a JSON value of its own and
  * the whole file as one array, by the small validator below. */
@@ -17,6 +19,7 @@
 #include "tmpdir.h"
 
 #define MIB ((size_t)1 << 20)
+#define LINE_MAX_TEST 4096 /* longer than any event line the trace writes */
 
 /* ---- a JSON validator (RFC 8259 syntax; enough to refuse what a viewer would) ---------- */
 typedef struct jp {
@@ -331,6 +334,191 @@ static void an_unwritable_trace_leaves_the_runtime_working(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
+/* ---- owners ------------------------------------------------------------------------- */
+
+/* The line of the first event named `name` whose text has `also` (copied into out, up to
+ * its end), or 0 if none. */
+static int line_of(const trace_t *t, const char *name, const char *also, char *out, size_t len) {
+  char key[128];
+  snprintf(key, sizeof key, "{\"name\":\"%s\",", name);
+  for (const char *l = t->text; (l = strstr(l, key)) != NULL; l++) {
+    const char *e = strchr(l, '\n');
+    size_t n = e ? (size_t)(e - l) : strlen(l);
+    const char *a = strstr(l, also);
+    if (a && a < l + n) {
+      snprintf(out, len, "%.*s", (int)n, l);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* Waits (up to 10 s) until the trace at `path`, still being written, has a counter event
+ * `name` whose text has `also`: the writer samples the counters every few milliseconds. */
+static void wait_for_counter(const char *path, const char *name, const char *also) {
+  char key[128];
+  snprintf(key, sizeof key, "{\"name\":\"%s\",\"ph\":\"C\"", name);
+  uint64_t deadline = test_now_ms() + 10000;
+  for (;;) {
+    trace_t t = load(path);
+    int found = 0;
+    for (const char *l = t.text; !found && (l = strstr(l, key)) != NULL; l++) {
+      const char *e = strchr(l, '\n'), *a = strstr(l, also);
+      found = a && e && a < e;
+    }
+    free(t.text);
+    if (found) return;
+    if (test_now_ms() > deadline) fprintf(stderr, "no counter %s with %s\n", name, also);
+    ASSERT_TRUE(test_now_ms() <= deadline);
+    test_sleep_ms(2);
+  }
+}
+
+static spw_buf_t owned(spw_runtime_t *rt, size_t bytes, unsigned owner) {
+  spw_buf_t b;
+  ASSERT_OK(spw_alloc_ex(rt, bytes, NULL, SPW_ALLOC_OWNER(owner), &b));
+  return b;
+}
+
+static void a_move_and_a_lock_wait_name_their_buffers_owner(void) {
+  char path[300];
+  in_dir(path, "t.json");
+  spw_runtime_t *rt = traced_runtime(path, 0);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  ASSERT_OK(spw_owner_name(rt, 4, "cupy"));
+  spw_buf_t mine = owned(rt, MIB, 4), anyone;
+  ASSERT_OK(spw_alloc(rt, MIB, NULL, &anyone));
+  ASSERT_OK(spw_spill(rt, mine, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_spill(rt, anyone, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  void *d;
+  ASSERT_OK(spw_acquire(rt, mine, s, 0, &d)); /* unspilled for the acquire: a lock wait */
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_OK(spw_runtime_destroy(rt));
+
+  trace_t t = load_valid(path);
+  char h[64], line[LINE_MAX_TEST];
+  snprintf(h, sizeof h, "\"buf\":\"0x%llx\"", (unsigned long long)mine);
+  ASSERT_TRUE(line_of(&t, "spill", h, line, sizeof line));
+  ASSERT_TRUE(strstr(line, "\"owner\":\"cupy\"") != NULL);
+  ASSERT_TRUE(line_of(&t, "unspill", h, line, sizeof line));
+  ASSERT_TRUE(strstr(line, "\"owner\":\"cupy\"") != NULL);
+  ASSERT_TRUE(line_of(&t, "lock wait", h, line, sizeof line));
+  ASSERT_TRUE(strstr(line, "\"owner\":\"cupy\"") != NULL);
+  /* A buffer without an owner has no owner argument. */
+  snprintf(h, sizeof h, "\"buf\":\"0x%llx\"", (unsigned long long)anyone);
+  ASSERT_TRUE(line_of(&t, "spill", h, line, sizeof line));
+  ASSERT_TRUE(strstr(line, "owner") == NULL);
+}
+
+static void an_unnamed_owner_is_named_by_its_id(void) {
+  char path[300];
+  in_dir(path, "t.json");
+  spw_runtime_t *rt = traced_runtime(path, 0);
+  spw_buf_t b = owned(rt, MIB, 12);
+  ASSERT_OK(spw_spill(rt, b, SPW_TIER_DISK));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  trace_t t = load_valid(path);
+  ASSERT_EQ(count(&t, "spill to disk", "\"owner\":\"owner 12\""), 1);
+}
+
+static void a_batch_of_one_owner_names_it_and_of_several_counts_each(void) {
+  char path[300];
+  in_dir(path, "t.json");
+  spw_runtime_t *rt = traced_runtime(path, 0);
+  ASSERT_OK(spw_owner_name(rt, 1, "numba"));
+  ASSERT_OK(spw_owner_name(rt, 3, "torch"));
+  spw_buf_t one[4], mixed[8];
+  for (int i = 0; i < 4; i++) one[i] = owned(rt, 64 << 10, 1);
+  for (int i = 0; i < 8; i++) {
+    if (i < 2) ASSERT_OK(spw_alloc(rt, 64 << 10, NULL, &mixed[i])); /* no owner */
+    else mixed[i] = owned(rt, 64 << 10, i < 6 ? 1 : 3);
+  }
+  ASSERT_OK(spw_spill_n(rt, one, 4, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_spill_n(rt, mixed, 8, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  trace_t t = load_valid(path);
+  char line[LINE_MAX_TEST];
+  ASSERT_TRUE(line_of(&t, "spill", "\"buffers\":4,", line, sizeof line));
+  ASSERT_TRUE(strstr(line, "\"owner\":\"numba\"") != NULL);
+  ASSERT_TRUE(strstr(line, "\"owners\"") == NULL);
+  ASSERT_TRUE(line_of(&t, "spill", "\"buffers\":8,", line, sizeof line));
+  ASSERT_TRUE(strstr(line, "\"owners\":{") != NULL);
+  ASSERT_TRUE(strstr(line, "\"numba\":{\"buffers\":4,\"bytes\":262144}") != NULL);
+  ASSERT_TRUE(strstr(line, "\"torch\":{\"buffers\":2,\"bytes\":131072}") != NULL);
+  ASSERT_TRUE(strstr(line, "\"owner\":") == NULL); /* several owners: no single one */
+}
+
+static void more_owners_in_a_batch_than_it_lists_are_counted_together(void) {
+  char path[300];
+  in_dir(path, "t.json");
+  spw_runtime_t *rt = traced_runtime(path, 0);
+  /* Twelve owners of the longest names: the slice must still fit its line. */
+  spw_buf_t b[12];
+  for (unsigned i = 0; i < 12; i++) {
+    char name[SPW_OWNER_NAME_MAX + 1];
+    memset(name, 'a' + (int)i, SPW_OWNER_NAME_MAX);
+    name[SPW_OWNER_NAME_MAX] = '\0';
+    ASSERT_OK(spw_owner_name(rt, 100 + i, name));
+    b[i] = owned(rt, 4096, 100 + i);
+  }
+  ASSERT_OK(spw_spill_n(rt, b, 12, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  trace_t t = load_valid(path);
+  char line[LINE_MAX_TEST];
+  ASSERT_TRUE(line_of(&t, "spill", "\"buffers\":12,", line, sizeof line));
+  ASSERT_TRUE(strstr(line, "\"(other owners)\":{\"buffers\":4,\"bytes\":16384}") != NULL);
+}
+
+static void each_owner_has_a_counter_of_its_bytes_on_the_device(void) {
+  char path[300];
+  in_dir(path, "t.json");
+  spw_runtime_t *rt = traced_runtime(path, 0);
+  ASSERT_OK(spw_owner_name(rt, 3, "torch"));
+  spw_buf_t a = owned(rt, MIB, 3), b = owned(rt, MIB, 3), c = owned(rt, 2 * MIB, 12), none;
+  ASSERT_OK(spw_alloc(rt, MIB, NULL, &none));
+  char want[64];
+  snprintf(want, sizeof want, "\"bytes\":%zu}", 2 * MIB);
+  wait_for_counter(path, "device (torch)", want);
+  wait_for_counter(path, "device (owner 12)", want);
+  ASSERT_OK(spw_spill(rt, a, SPW_TIER_HOST)); /* off the device: the counter goes down */
+  ASSERT_OK(spw_wait_idle(rt));
+  snprintf(want, sizeof want, "\"bytes\":%zu}", MIB);
+  wait_for_counter(path, "device (torch)", want);
+  ASSERT_OK(spw_free(rt, b));
+  wait_for_counter(path, "device (torch)", "\"bytes\":0}");
+  ASSERT_OK(spw_free(rt, a));
+  ASSERT_OK(spw_free(rt, c));
+  ASSERT_OK(spw_free(rt, none));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  trace_t t = load_valid(path);
+  ASSERT_EQ(count(&t, "device (owner 0)", NULL), 0); /* buffers without an owner: none */
+  ASSERT_LE(counter_max(&t, "device (torch)"), 2 * MIB);
+}
+
+static void a_name_set_after_allocating_shows_from_then_on(void) {
+  char path[300];
+  in_dir(path, "t.json");
+  spw_runtime_t *rt = traced_runtime(path, 0);
+  spw_buf_t b = owned(rt, MIB, 5);
+  char want[64];
+  snprintf(want, sizeof want, "\"bytes\":%zu}", MIB);
+  wait_for_counter(path, "device (owner 5)", want);
+  ASSERT_OK(spw_owner_name(rt, 5, "late"));
+  wait_for_counter(path, "device (late)", want); /* written again under the new name */
+  ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  trace_t t = load_valid(path);
+  ASSERT_EQ(count(&t, "spill", "\"owner\":\"late\""), 1);
+}
+
 static void a_config_without_the_trace_fields_still_works(void) {
   /* A caller built against the header before the trace fields passes a smaller struct. */
   spw_config_t cfg = SPW_CONFIG_INIT;
@@ -365,6 +553,12 @@ static const spw_test_t tests[] = {
     TEST(the_size_cap_holds_and_drops_are_counted),
     TEST(percent_p_in_the_path_is_the_process_id),
     TEST(an_unwritable_trace_leaves_the_runtime_working),
+    TEST(a_move_and_a_lock_wait_name_their_buffers_owner),
+    TEST(an_unnamed_owner_is_named_by_its_id),
+    TEST(a_batch_of_one_owner_names_it_and_of_several_counts_each),
+    TEST(more_owners_in_a_batch_than_it_lists_are_counted_together),
+    TEST(each_owner_has_a_counter_of_its_bytes_on_the_device),
+    TEST(a_name_set_after_allocating_shows_from_then_on),
     TEST(a_config_without_the_trace_fields_still_works),
     TEST(a_bad_size_cap_is_a_config_error_that_names_it),
 };

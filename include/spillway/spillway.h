@@ -342,9 +342,21 @@ SPW_API SPW_NODISCARD int spw_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_
                                   or disk and back */
 #define SPW_ALLOC_MOVABLE 0x2u /* an ordinary buffer even when the runtime's stable_addresses
                                   is on */
+/* Owner tags. SPW_ALLOC_OWNER(id), or'ed into spw_alloc_ex's flags, tags the buffer with an
+ * owner id from 1 to SPW_OWNER_MAX (no tag, or SPW_ALLOC_OWNER(0): no owner), for
+ * spw_owner_stats, spw_buf_owner, the stats summary and the trace, which names the owner of
+ * every buffer it reports (see spw_owner_name). An id past SPW_OWNER_MAX, or a negative one,
+ * sets bits outside SPW_ALLOC_OWNER_MASK: spw_alloc_ex refuses it with SPW_ERR_INVALID_ARG.
+ * The tag is the buffer's for its whole life; owners are per runtime. */
+#define SPW_OWNER_MAX 255
+#define SPW_ALLOC_OWNER_SHIFT 8
+#define SPW_ALLOC_OWNER_MASK 0xFF00u
+#define SPW_ALLOC_OWNER(id) ((unsigned)(id) << SPW_ALLOC_OWNER_SHIFT)
 
 /* spw_alloc with `flags` (0: the runtime's default, config.stable_addresses; or one of
- * SPW_ALLOC_STABLE, SPW_ALLOC_MOVABLE). An address-stable buffer reserves device address
+ * SPW_ALLOC_STABLE, SPW_ALLOC_MOVABLE; either may be or'ed with SPW_ALLOC_OWNER(id), which
+ * costs four relaxed atomic adds on the owner's counters here and two at the buffer's
+ * release). An address-stable buffer reserves device address
  * space for its life (rounded up to the granularity spw_stable_granularity reports; buffers
  * smaller than it share reserved pages with other small ones); spilling it unmaps its
  * physical memory and unspilling maps physical memory back at the same address, so raw
@@ -353,8 +365,9 @@ SPW_API SPW_NODISCARD int spw_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_
  * none: launch it with spw_graph_launch). It counts against the device limit
  * by its size, as other buffers do. Stream semantics as spw_alloc's, except that the memory
  * is usable by every stream when the call returns. Errors: as spw_alloc, plus
- * SPW_ERR_INVALID_ARG (unknown flag bits, both flags), SPW_ERR_UNSUPPORTED (a stable buffer
- * on a device or driver without virtual memory management). Thread-safe. */
+ * SPW_ERR_INVALID_ARG (unknown flag bits, an owner id past SPW_OWNER_MAX, both STABLE and
+ * MOVABLE), SPW_ERR_UNSUPPORTED (a stable buffer on a device or driver without virtual
+ * memory management). Thread-safe. */
 SPW_API SPW_NODISCARD int spw_alloc_ex(spw_runtime_t *rt, size_t bytes, spw_stream_t stream,
                                        unsigned flags, spw_buf_t *out);
 
@@ -378,6 +391,10 @@ SPW_API int spw_buf_state(spw_runtime_t *rt, spw_buf_t buf, spw_state_t *out);
 SPW_API int spw_buf_tier(spw_runtime_t *rt, spw_buf_t buf, spw_tier_t *out);
 /* Current lock count of the buffer (all streams together). */
 SPW_API int spw_buf_lock_count(spw_runtime_t *rt, spw_buf_t buf, uint32_t *out);
+/* The owner id the buffer was allocated with (SPW_ALLOC_OWNER), 0 for none. Errors:
+ * SPW_ERR_INVALID_ARG (rt or out NULL), SPW_ERR_INVALID_HANDLE (also a handle of another
+ * runtime), SPW_ERR_FREED. Lock-free; thread-safe. */
+SPW_API int spw_buf_owner(spw_runtime_t *rt, spw_buf_t buf, unsigned *out);
 
 /* ---------------------------------------------------------------------------------------
  * Retrieve-and-lock
@@ -640,9 +657,46 @@ SPW_API int spw_get_stats(spw_runtime_t *rt, spw_stats_t *out);
 
 /* Writes a one-line summary ("12 buffers; device 1.2 GiB of 4.0 GiB (locked 256.0 MiB); host
  * 3.1 GiB; disk 0 B; spilled 12.4 GiB in 210 (0.250 s, ...) ...", then "; peer ..." and
- * "; lent ..." where the runtime has a peer tier or lends) into `buf` (always NUL-terminated
- * when len > 0). Thread-safe. */
+ * "; lent ..." where the runtime has a peer tier or lends, then "; owners: torch 3 buffers
+ * 1.5 GiB, owner 7 1 buffer 4.0 KiB" for the owners with live buffers, named or not) into
+ * `buf` (always NUL-terminated when len > 0; cut short where it does not fit). Thread-safe. */
 SPW_API int spw_stats_summary(spw_runtime_t *rt, char *buf, size_t len);
+
+/* ---------------------------------------------------------------------------------------
+ * Owners: who allocated what. A buffer allocated with SPW_ALLOC_OWNER(id) in spw_alloc_ex's
+ * flags counts for owner `id` (1..SPW_OWNER_MAX) of its runtime until it is released; the
+ * trace names the owner in the events of its moves and lock waits and draws each owner's
+ * device bytes, and the stats summary lists owners with live buffers. Libraries that share
+ * one runtime pick distinct ids (the Python package's allocators use 1 to 4: docs/python.md).
+ * ------------------------------------------------------------------------------------- */
+#define SPW_OWNER_NAME_MAX 31 /* characters of an owner's name, without the NUL */
+
+/* Names owner `id` for the trace and the summary, in place of "owner <id>". The name is
+ * copied; naming again replaces it (trace events written after the call, up to 2 ms after
+ * their moves, carry the new one). A name is 1 to SPW_OWNER_NAME_MAX printable ASCII
+ * characters (0x20 to 0x7e) other than '"' and '\', so it goes into JSON and text as it is.
+ * Errors: SPW_ERR_INVALID_ARG (rt or name NULL, id 0 or past SPW_OWNER_MAX, a name empty,
+ * too long or with another character; nothing changes). Thread-safe (names are kept under a
+ * mutex of their own that no allocation takes). */
+SPW_API int spw_owner_name(spw_runtime_t *rt, unsigned id, const char *name);
+
+typedef struct spw_owner_stats_s {
+  size_t struct_size;   /* set to sizeof(spw_owner_stats_t) before the call */
+  uint64_t buffers;     /* live buffers of the owner: allocated and not yet released (a freed
+                           buffer still locked counts until its last lock goes, as in
+                           spw_stats_t.buffers) */
+  uint64_t bytes;       /* their bytes, in whatever tier they are */
+  uint64_t allocs;      /* buffers allocated for the owner since the runtime was created */
+  uint64_t alloc_bytes; /* their bytes */
+  char name[SPW_OWNER_NAME_MAX + 1]; /* its name (spw_owner_name), "" if it has none */
+} spw_owner_stats_t;
+
+/* Fills `out` with owner `id`'s counters (set out->struct_size first; fields past it are not
+ * written, and it is set to the size written). Each counter is exact and read without a
+ * lock; an allocation or free racing with the call may show in one and not yet in another.
+ * An owner never used reads all zeros. Errors: SPW_ERR_INVALID_ARG (rt or out NULL,
+ * struct_size smaller than a size_t, id 0 or past SPW_OWNER_MAX). Thread-safe. */
+SPW_API int spw_owner_stats(spw_runtime_t *rt, unsigned id, spw_owner_stats_t *out);
 
 /* ---------------------------------------------------------------------------------------
  * Controller (RMMEP-1's controller; Dask-style). Every callback is optional (NULL), runs on

@@ -8,18 +8,23 @@
 
 #define ALLOC_FLAGS (SPW_ALLOC_STABLE | SPW_ALLOC_MOVABLE)
 
+/* The owner bits must not overlap the flags, and must hold every id up to SPW_OWNER_MAX. */
+_Static_assert((SPW_ALLOC_OWNER_MASK & ALLOC_FLAGS) == 0, "owner bits overlap a flag");
+_Static_assert(SPW_ALLOC_OWNER(SPW_OWNER_MAX) == SPW_ALLOC_OWNER_MASK, "owner bits too narrow");
+
 int spw_alloc_ex(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, unsigned flags,
                  spw_buf_t *out) {
   if (!rt || !out || bytes == 0 || (uint64_t)bytes > SPW_MAX_BUFFER_BYTES ||
-      (flags & ~ALLOC_FLAGS) || (flags & ALLOC_FLAGS) == ALLOC_FLAGS)
+      (flags & ~(ALLOC_FLAGS | SPW_ALLOC_OWNER_MASK)) || (flags & ALLOC_FLAGS) == ALLOC_FLAGS)
     return SPW_ERR_INVALID_ARG;
+  uint32_t owner = (flags & SPW_ALLOC_OWNER_MASK) >> SPW_ALLOC_OWNER_SHIFT;
   spw_stream_entry_t *e;
   int st = spw__stream_entry(rt, stream, &e);
   if (st != SPW_OK) return st;
   int stable = (flags & SPW_ALLOC_STABLE) ||
                (!(flags & SPW_ALLOC_MOVABLE) && rt->settings.stable_addresses);
   spw_buf_t h;
-  st = spw__buffer_create(rt, bytes, e->bstream, stable, &h);
+  st = spw__buffer_create(rt, bytes, e->bstream, stable, owner, &h);
   if (st != SPW_OK) return st;
   *out = h;
   spw__controller_allocated(rt, h, bytes);
@@ -119,5 +124,13 @@ int spw_buf_lock_count(spw_runtime_t *rt, spw_buf_t buf, uint32_t *out) {
   uint64_t w;
   int st = live_word(rt, buf, out, &s, &w);
   if (st == SPW_OK) *out = spw__w_count(w);
+  return st;
+}
+
+int spw_buf_owner(spw_runtime_t *rt, spw_buf_t buf, unsigned *out) {
+  spw_slot_t *s;
+  uint64_t w;
+  int st = live_word(rt, buf, out, &s, &w);
+  if (st == SPW_OK) *out = atomic_load_explicit(&s->owner, memory_order_relaxed);
   return st;
 }

@@ -76,6 +76,25 @@ static const char *human(uint64_t b, char *buf, size_t len) {
   return buf;
 }
 
+/* "; owners: torch 3 buffers 1.5 GiB, owner 7 1 buffer 4.0 KiB": the owners with live
+ * buffers, appended to buf as far as it fits. */
+static void owners_summary(spw_runtime_t *rt, char *buf, size_t len) {
+  const char *sep = "; owners: ";
+  for (uint32_t id = 1; id < SPW_OWNERS; id++) {
+    uint64_t n = LOAD(rt->owners->c[id].live), bytes = LOAD(rt->owners->c[id].live_bytes);
+    size_t used = strlen(buf);
+    if (n == 0) continue;
+    if (used + 1 >= len) return;
+    spw_owner_name_t name;
+    spw__owner_get_name(rt->owners, id, name);
+    char label[48], b[32];
+    spw__owner_label(name, id, label, sizeof label);
+    snprintf(buf + used, len - used, "%s%s %llu buffer%s %s", sep, label, (unsigned long long)n,
+             n == 1 ? "" : "s", human(bytes, b, sizeof b));
+    sep = ", ";
+  }
+}
+
 int spw_stats_summary(spw_runtime_t *rt, char *buf, size_t len) {
   if (!rt || !buf || len == 0) return SPW_ERR_INVALID_ARG;
   spw_stats_t s = {.struct_size = sizeof s};
@@ -104,5 +123,6 @@ int spw_stats_summary(spw_runtime_t *rt, char *buf, size_t len) {
   used = strlen(buf);
   if (s.lent_bytes && used + 1 < len)
     snprintf(buf + used, len - used, "; lent %s", human(s.lent_bytes, a, sizeof a));
+  owners_summary(rt, buf, len);
   return SPW_OK;
 }

@@ -19,6 +19,7 @@
 #include "budget.h"
 
 #include <stdio.h>
+#include <string.h>
 
 #include "clock.h"
 #include "moves.h"
@@ -66,6 +67,19 @@ uint64_t spw__locked_device_bytes(spw_runtime_t *rt) {
       locked += atomic_load_explicit(&s->size, memory_order_relaxed);
   }
   return locked;
+}
+
+void spw__owner_device_bytes(spw_runtime_t *rt, uint64_t out[SPW_OWNERS]) {
+  memset(out, 0, SPW_OWNERS * sizeof *out);
+  uint32_t n = atomic_load(&rt->handles.nslots);
+  for (uint32_t i = 0; i < n; i++) {
+    spw_slot_t *s = spw__handles_slot_at(&rt->handles, i);
+    uint64_t w = atomic_load_explicit(&s->word, memory_order_acquire);
+    uint32_t st = spw__w_state(w);
+    if (st == SPW_STATE_RESIDENT || st == SPW_STATE_SPILLING)
+      out[atomic_load_explicit(&s->owner, memory_order_relaxed)] +=
+          atomic_load_explicit(&s->size, memory_order_relaxed);
+  }
 }
 
 static void wait_for_room(spw_runtime_t *rt) {

@@ -16,6 +16,7 @@
 #include <stdint.h>
 
 #include "backend.h"
+#include "owners.h"
 #include "spillway/spillway.h"
 
 typedef struct spw_budget {
@@ -74,5 +75,10 @@ void spw__device_put(spw_runtime_t *rt, void *ptr, size_t bytes, spw_bevent_t *a
 
 /* Bytes of device memory held by locked buffers (a scan of the slots). */
 uint64_t spw__locked_device_bytes(spw_runtime_t *rt);
+/* Each owner's bytes on the device (RESIDENT, or SPILLING: its device copy is still there)
+ * into out[id] (out[0]: buffers without an owner), by a lock-free scan of the slots like
+ * spw__locked_device_bytes': each buffer is counted as it was when its slot was read, not
+ * all at one instant. */
+void spw__owner_device_bytes(spw_runtime_t *rt, uint64_t out[SPW_OWNERS]);
 
 #endif /* SPILLWAY_CORE_BUDGET_H */

@@ -168,7 +168,7 @@ void spw__slot_drop_clean(spw_runtime_t *rt, spw_slot_t *s, int copy_may_read) {
 /* ---- creation and free ------------------------------------------------------------------ */
 
 int spw__buffer_create(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int stable,
-                       spw_buf_t *out) {
+                       uint32_t owner, spw_buf_t *out) {
   void *d = NULL, *va = NULL;
   int st = stable ? spw__stable_reserve(rt->stable, bytes, &va) : SPW_OK;
   if (st != SPW_OK)
@@ -191,6 +191,9 @@ int spw__buffer_create(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int
   s->dptr = d;
   atomic_store_explicit(&s->va, va, memory_order_relaxed);
   atomic_store_explicit(&s->last_use, spw__coarse_now_ns(), memory_order_relaxed);
+  atomic_store_explicit(&s->owner, (uint8_t)owner, memory_order_relaxed);
+  /* Counted before it is published: a free (of a guessed handle) cannot come first. */
+  if (owner) spw__owner_created(rt->owners, owner, bytes);
   spw__handles_publish(s, SPW_STATE_RESIDENT);
   *out = h;
   return SPW_OK;
@@ -209,6 +212,8 @@ void spw__slot_finish_free(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, uint32
    * extent: both go back behind it (`ready` stays with the slot, which outlives the wait). */
   spw_bevent_t *after = (w & SPW_W_WAIT) ? s->ready : NULL;
   void *va = spw__slot_va(s);
+  uint32_t owner = atomic_load_explicit(&s->owner, memory_order_relaxed);
+  if (owner) spw__owner_released(rt->owners, owner, size);
   spw__handles_release(&rt->handles, s, spw__handle_index(h));
   pthread_mutex_unlock(&s->mu);
   uint64_t device = spw__place_release(rt, &p, size, after);
@@ -272,6 +277,7 @@ int spw__move_begin(spw_runtime_t *rt, spw_move_kind_t kind, spw_buf_t h, spw_sl
                       .size = s->size,
                       .seq = s->move_seq,
                       .flags = w & (SPW_W_WAIT | SPW_W_CLEAN),
+                      .owner = atomic_load_explicit(&s->owner, memory_order_relaxed),
                       .from = {s->dptr, s->host, s->disk}};
   }
   if (claim != SPW_CLAIM_HELD) pthread_mutex_unlock(&s->mu);

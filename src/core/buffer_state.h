@@ -73,6 +73,7 @@ typedef struct spw_move {
   size_t size;
   uint32_t seq;   /* the slot's move_seq at begin: an abandon bumps it */
   uint64_t flags; /* WAIT and CLEAN as they were at begin */
+  uint8_t owner;  /* the buffer's owner id, for its report (spw__report_move) */
   spw_place_t from;
 } spw_move_t;
 
@@ -162,15 +163,16 @@ void spw__slot_drop_clean(spw_runtime_t *rt, spw_slot_t *s, int copy_may_read);
 
 /* spw_alloc: a new RESIDENT buffer of `bytes` on device memory from spw__device_get on
  * `stream` (reserved against the budget, spilling on demand); with `stable`, at an address
- * range reserved for its life (spw__stable_reserve). Errors: those of spw__device_get, of
+ * range reserved for its life (spw__stable_reserve); tagged with `owner` (0: none), whose
+ * counters it joins before it is published (owners.h). Errors: those of spw__device_get, of
  * the stable pool, and of the handle table. */
 int spw__buffer_create(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int stable,
-                       spw_buf_t *out);
+                       uint32_t owner, spw_buf_t *out);
 /* spw_free: marks the buffer FREE_PENDING and finishes the free at once if nobody holds it
  * (no lock, no move). Errors: handle errors, SPW_ERR_FREED. *size gets its size. */
 int spw__buffer_free(spw_runtime_t *rt, spw_buf_t h, size_t *size);
-/* Releases every placement of the slot, its `ready` event stays for reuse, and returns the
- * slot to the table. Slot mutex held on entry, released on return. `tier_state`: the state
+/* Releases every placement of the slot, its `ready` event stays for reuse, takes the buffer
+ * out of its owner's counters, and returns the slot to the table. Slot mutex held on entry, released on return. `tier_state`: the state
  * whose tier held the bytes (a move's source state when a mover finishes the free). */
 void spw__slot_finish_free(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, uint32_t tier_state);
 

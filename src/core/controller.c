@@ -84,25 +84,25 @@ int spw__reporting(spw_runtime_t *rt) {
   return rt->trace != NULL || atomic_load_explicit(&rt->has_ctl, memory_order_acquire);
 }
 
-static void report(spw_runtime_t *rt, spw_buf_t h, spw_state_t from, spw_state_t to,
-                   uint64_t bytes, uint64_t ns, int status, int own) {
+static void report(spw_runtime_t *rt, spw_buf_t h, uint32_t owner, spw_state_t from,
+                   spw_state_t to, uint64_t bytes, uint64_t ns, int status, int own) {
   if (status != SPW_OK && status != SPW_ERR_LOCKED) {
     atomic_fetch_add_explicit(&rt->c.failures, 1, memory_order_relaxed);
     /* A failure its caller receives is not one of background work: recording it too made
      * the next spw_wait_idle raise the acquire's own error a second time (issue 18). */
     if (!own) spw__set_async_error(rt, status);
   }
-  if (rt->trace) spw__trace_move(rt->trace, h, from, to, bytes, ns, status);
+  if (rt->trace) spw__trace_move(rt->trace, h, owner, from, to, bytes, ns, status);
   spw_state_event_t ev = {h, from, to, bytes, ns, status};
   spw__controller_state(rt, &ev);
 }
 
-void spw__report_move(spw_runtime_t *rt, spw_buf_t h, spw_state_t from, spw_state_t to,
-                      uint64_t bytes, uint64_t ns, int status) {
-  report(rt, h, from, to, bytes, ns, status, 0);
+void spw__report_move(spw_runtime_t *rt, spw_buf_t h, uint32_t owner, spw_state_t from,
+                      spw_state_t to, uint64_t bytes, uint64_t ns, int status) {
+  report(rt, h, owner, from, to, bytes, ns, status, 0);
 }
 
-void spw__report_own_move(spw_runtime_t *rt, spw_buf_t h, spw_state_t from, spw_state_t to,
-                          uint64_t bytes, uint64_t ns, int status) {
-  report(rt, h, from, to, bytes, ns, status, 1);
+void spw__report_own_move(spw_runtime_t *rt, spw_buf_t h, uint32_t owner, spw_state_t from,
+                          spw_state_t to, uint64_t bytes, uint64_t ns, int status) {
+  report(rt, h, owner, from, to, bytes, ns, status, 1);
 }

@@ -59,10 +59,10 @@ void spw__spill_to_disk_n(spw_runtime_t *rt, spw_victim_t *const *v, size_t n,
       moved++;
       atomic_fetch_add(&rt->c.spill_bytes, m->size);
       atomic_fetch_add(&rt->c.disk_write_bytes, m->size);
-      spw__report_move(rt, m->h, SPW_STATE_RESIDENT, SPW_STATE_DISK, m->size, dt, SPW_OK);
+      spw__report_move(rt, m->h, m->owner, SPW_STATE_RESIDENT, SPW_STATE_DISK, m->size, dt, SPW_OK);
       break;
     case SPW_MOVE_BACK:
-      spw__report_move(rt, m->h, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, dt, vi->status);
+      spw__report_move(rt, m->h, m->owner, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, dt, vi->status);
       break;
     case SPW_MOVE_FREED:
       vi->status = SPW_ERR_FREED;
@@ -121,7 +121,7 @@ int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim, int peer_too)
   }
   if (end == SPW_MOVE_FREED) return SPW_ERR_FREED;
   if (end == SPW_MOVE_BACK) {
-    spw__report_move(rt, h, from, from, 0, dt, st);
+    spw__report_move(rt, h, m.owner, from, from, 0, dt, st);
     return st;
   }
   atomic_fetch_add(&rt->c.demotions, 1);
@@ -129,7 +129,7 @@ int spw__demote(spw_runtime_t *rt, spw_buf_t h, spw_claim_t claim, int peer_too)
   atomic_fetch_add(&rt->c.demote_ns, dt);
   atomic_fetch_add(&rt->c.disk_writes, 1);
   atomic_fetch_add(&rt->c.disk_write_bytes, m.size);
-  spw__report_move(rt, h, from, SPW_STATE_DISK, m.size, dt, SPW_OK);
+  spw__report_move(rt, h, m.owner, from, SPW_STATE_DISK, m.size, dt, SPW_OK);
   return SPW_OK;
 }
 
@@ -185,14 +185,14 @@ static size_t read_back(spw_runtime_t *rt, const spw_move_t *m, size_t n, uint32
       if (end == SPW_MOVE_FREED) st = SPW_ERR_FREED;
       if (end == SPW_MOVE_BACK && drop) dropped++;
       else if (end == SPW_MOVE_BACK && own)
-        spw__report_own_move(rt, m[i].h, SPW_STATE_DISK, SPW_STATE_DISK, 0, dt, st);
+        spw__report_own_move(rt, m[i].h, m[i].owner, SPW_STATE_DISK, SPW_STATE_DISK, 0, dt, st);
       else if (end == SPW_MOVE_BACK)
-        spw__report_move(rt, m[i].h, SPW_STATE_DISK, SPW_STATE_DISK, 0, dt, st);
+        spw__report_move(rt, m[i].h, m[i].owner, SPW_STATE_DISK, SPW_STATE_DISK, 0, dt, st);
       if (end == SPW_MOVE_DONE) {
         moved++;
         atomic_fetch_add(&rt->c.disk_reads, 1);
         atomic_fetch_add(&rt->c.disk_read_bytes, m[i].size);
-        spw__report_move(rt, m[i].h, SPW_STATE_DISK, SPW_STATE_RESIDENT, m[i].size, dt, SPW_OK);
+        spw__report_move(rt, m[i].h, m[i].owner, SPW_STATE_DISK, SPW_STATE_RESIDENT, m[i].size, dt, SPW_OK);
       }
       if (dptr) dptr[i] = end == SPW_MOVE_DONE ? d : NULL;
       if (status) status[i] = st;

@@ -14,7 +14,8 @@
  * with another slow path, and the fast paths only ever touch the count of a RESIDENT,
  * flag-free slot. Which transitions exist and who makes them: buffer_state.h.
  * The fields below `word` are owned by whoever holds `mu`, or by the mover that holds the
- * slot's MOVING flag, for the fields its move reads (see buffer_state.h).
+ * slot's MOVING flag, for the fields its move reads (see buffer_state.h); `owner` and `va`
+ * are written once, before the slot is published.
  */
 #ifndef SPILLWAY_CORE_HANDLE_TABLE_H
 #define SPILLWAY_CORE_HANDLE_TABLE_H
@@ -72,6 +73,9 @@ typedef struct spw_slot {
   _Atomic uint64_t last_use; /* coarse monotonic ns of the last acquire: LRU order */
   _Atomic uint32_t prefetched; /* brought back by a prefetch and not acquired since: a later
                                   prefetch may not push it out (victims.c) */
+  _Atomic uint8_t owner;     /* SPW_ALLOC_OWNER's id, 0 for none (owners.h): set before the
+                                slot is published, constant until it is released; in what
+                                was padding before the mutex. Atomic: scans read it lock-free */
   pthread_mutex_t mu;
   _Atomic size_t size;       /* atomic: the victim scans read it without the mutex */
   void *dptr;                /* device memory while RESIDENT or SPILLING */

@@ -138,7 +138,7 @@ static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victi
     /* Locked again since the request: say so; the buffer stays resident. */
     w = atomic_load(&s->word);
     if (spw__w_gen(w) == spw__handle_gen(h) && spw__w_count(w) > 0)
-      spw__report_move(rt, h, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, 0, SPW_ERR_LOCKED);
+      spw__report_move(rt, h, atomic_load(&s->owner), SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, 0, SPW_ERR_LOCKED);
     return;
   }
   *begun += one.m.size;

@@ -155,7 +155,8 @@ int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_t stream, unsigned flag
     if (out != WAIT_FOR_MOVE) {
       if (st == SPW_OK) touch(s);
       if (t0 && (waited || out != TAKEN))
-        spw__trace_lock_wait(rt->trace, h, stream, atomic_load(&s->size), t0, st);
+        spw__trace_lock_wait(rt->trace, h, atomic_load(&s->owner), stream, atomic_load(&s->size),
+                             t0, st);
       return st;
     }
     waited = 1;

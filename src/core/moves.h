@@ -97,18 +97,19 @@ uint64_t spw__spill_clean(spw_runtime_t *rt, uint64_t bytes);
 uint64_t spw__demote_lru(spw_runtime_t *rt, uint64_t bytes);
 
 /* ---- reporting (controller.c) ---- */
-/* Delivers a move's event to the controller, counts a failure (status other than SPW_OK,
- * SPW_ERR_LOCKED) in stats.failures and records it for spw_async_error. Call with no lock
- * held. */
-void spw__report_move(spw_runtime_t *rt, spw_buf_t h, spw_state_t from, spw_state_t to,
-                      uint64_t bytes, uint64_t ns, int status);
+/* Delivers a move's event to the controller and the trace (which names `owner`, the
+ * buffer's owner id as its move found it: spw_move_t.owner), counts a failure (status other
+ * than SPW_OK, SPW_ERR_LOCKED) in stats.failures and records it for spw_async_error. Call
+ * with no lock held. */
+void spw__report_move(spw_runtime_t *rt, spw_buf_t h, uint32_t owner, spw_state_t from,
+                      spw_state_t to, uint64_t bytes, uint64_t ns, int status);
 /* Whether a move that went well has anyone to tell (a controller or a trace): when not,
  * spw__report_move of a successful move does nothing, and a batch skips the calls. A
  * failure is always reported (it is counted and recorded). */
 int spw__reporting(spw_runtime_t *rt);
 /* The same for a move whose caller receives its status (an acquire's own unspill or read
  * back): counted and delivered, but not an error of background work. */
-void spw__report_own_move(spw_runtime_t *rt, spw_buf_t h, spw_state_t from, spw_state_t to,
-                          uint64_t bytes, uint64_t ns, int status);
+void spw__report_own_move(spw_runtime_t *rt, spw_buf_t h, uint32_t owner, spw_state_t from,
+                          spw_state_t to, uint64_t bytes, uint64_t ns, int status);
 
 #endif /* SPILLWAY_CORE_MOVES_H */

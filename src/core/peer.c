@@ -91,7 +91,7 @@ static int move_on(spw_runtime_t *rt, spw_buf_t h) {
     spw__move_abort(rt, &m, 0);
     int open_st;
     if (st != SPW_ERR_HOST_OUT_OF_MEMORY || !spw__disk(rt, &open_st)) {
-      spw__report_move(rt, h, SPW_STATE_PEER, SPW_STATE_PEER, 0, dt, st);
+      spw__report_move(rt, h, m.owner, SPW_STATE_PEER, SPW_STATE_PEER, 0, dt, st);
       return st;
     }
     /* Host memory is full: to disk, straight from the peer through device staging. */
@@ -109,7 +109,7 @@ static int move_on(spw_runtime_t *rt, spw_buf_t h) {
   if (end != SPW_MOVE_DONE) return SPW_OK; /* freed meanwhile: released with the slot */
   atomic_fetch_add(&rt->c.peer_returns, 1);
   atomic_fetch_add(&rt->c.peer_return_bytes, m.size);
-  spw__report_move(rt, h, SPW_STATE_PEER, SPW_STATE_HOST, m.size, dt, SPW_OK);
+  spw__report_move(rt, h, m.owner, SPW_STATE_PEER, SPW_STATE_HOST, m.size, dt, SPW_OK);
   return SPW_OK;
 }
 

@@ -80,6 +80,7 @@ static void free_shell(spw_runtime_t *rt) {
   pthread_cond_destroy(&rt->budget.cv);
   pthread_mutex_destroy(&rt->budget.mu);
   spw__peer_fini(rt);
+  spw__owners_destroy(rt->owners);
   free(rt);
 }
 
@@ -126,12 +127,15 @@ int spw__runtime_open(const spw_settings_t *settings, void (*armed)(spw_backend_
   pthread_mutex_init(&rt->hints_mu, NULL);
   pthread_mutex_init(&rt->tls_mu, NULL);
   pthread_mutex_init(&rt->ipc_mu, NULL);
-  if (spw__peer_init(rt) != SPW_OK) {
+  rt->owners = spw__owners_create();
+  if (!rt->owners || spw__peer_init(rt) != SPW_OK) {
+    spw__owners_destroy(rt->owners);
     free(rt);
     return SPW_ERR_SYSTEM;
   }
   if (pthread_key_create(&rt->tls_key, NULL) != 0) {
     spw__peer_fini(rt);
+    spw__owners_destroy(rt->owners);
     free(rt);
     return SPW_ERR_SYSTEM;
   }

@@ -10,7 +10,8 @@
  * Lock order (outer to inner): a slot's mu -> a stream's lock-map spin lock -> d2h_gate ->
  * budget mu, arena mutex, disk_mu, completion mutex, hints_mu -> engine mutex, event pool
  * mutex, tls_mu, ctl_mu, the stable pool's mutex (a leaf, taken with none of these held in
- * practice: maps and unmaps happen outside slot mutexes). (hints_mu is held while a hint's job is queued on the engine.) A thread never holds two slot mutexes at once except through a trylock,
+ * practice: maps and unmaps happen outside slot mutexes), the owners' name mutex (a leaf,
+ * taken with none of these held). (hints_mu is held while a hint's job is queued on the engine.) A thread never holds two slot mutexes at once except through a trylock,
  * and no user or controller callback runs while any of these is held (callbacks are
  * collected and delivered afterwards).
  * Across runtimes (the peer tier, peer.c): a lender's lend_mu -> the borrower's peer_rw ->
@@ -37,6 +38,7 @@
 #include "hint_set.h"
 #include "host_arena.h"
 #include "log.h"
+#include "owners.h"
 #include "stable_pool.h"
 #include "stream_table.h"
 #include "trace.h"
@@ -98,6 +100,7 @@ struct spw_runtime {
   spw_completions_t *completions;
   spw_event_pool_t events;
   spw_trace_t *trace; /* NULL unless SPILLWAY_TRACE: every hook is `if (rt->trace)` */
+  spw_owners_t *owners; /* owner tags' counters and names (owners.h); never NULL */
 
   /* The pending hints (jobs.c): at most one wish per buffer. Under hints_mu nothing is taken
    * but the engine mutex (to queue a job). */

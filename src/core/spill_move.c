@@ -234,11 +234,11 @@ uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spil
         atomic_fetch_add(&rt->c.peer_spill_bytes, v[i].m.size);
       }
       if (tell)
-        spw__report_move(rt, v[i].m.h, SPW_STATE_RESIDENT, to,
+        spw__report_move(rt, v[i].m.h, v[i].m.owner, SPW_STATE_RESIDENT, to,
                          is_clean(&v[i]) ? 0 : v[i].m.size, dt, SPW_OK);
     } else if (v[i].end == SPW_MOVE_BACK) {
       if (!tell && v[i].status == SPW_OK) continue;
-      spw__report_move(rt, v[i].m.h, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, dt, v[i].status);
+      spw__report_move(rt, v[i].m.h, v[i].m.owner, SPW_STATE_RESIDENT, SPW_STATE_RESIDENT, 0, dt, v[i].status);
     } else {
       v[i].status = v[i].end == SPW_MOVE_FREED ? SPW_ERR_FREED : SPW_ERR_BUSY; /* never left */
     }

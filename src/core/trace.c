@@ -8,6 +8,9 @@
  * each victim with the batch's one duration, so consecutive reports of one thread with the
  * same move, start and duration become one slice (its buffer count, total bytes and first
  * handles in the arguments): a batch of 2048 victims is one slice, not 2048 stacked ones.
+ * A slice names its buffers' owner ("owner") when they all have the same one, or counts
+ * buffers and bytes per owner ("owners") when they have several; the writer keeps a copy of
+ * the owners' names, taken again whenever one is set.
  *
  * The file is the JSON array format, one event per line, each followed by a comma: a
  * process that dies without closing the runtime leaves a file that Perfetto and
@@ -35,20 +38,29 @@
 #define MAX_TRACKS 128        /* threads with a track of their own; the rest share one */
 #define MERGE_BUFS 8          /* handles listed in a merged slice's arguments */
 #define MERGE_GAP_NS 1000000ull /* most time between two reports of one batch */
+#define MERGE_OWNERS 8        /* owners counted apart in a merged slice; the rest together */
 #define TAIL_RESERVE 512      /* room kept under the cap for the closing event */
-#define LINE_MAX 768
+#define LINE_MAX 2048         /* a merged slice with MERGE_OWNERS owners of the longest names
+                                 and MERGE_BUFS handles fits */
 
 typedef enum { REC_MOVE = 1, REC_LOCK_WAIT, REC_ROOM } rec_kind_t;
 
 typedef struct rec {
   _Atomic uint64_t seq;
-  uint8_t kind, from, to, flag; /* flag: REC_ROOM background */
+  uint8_t kind, from, to, aux; /* REC_ROOM: background; REC_MOVE, REC_LOCK_WAIT: the
+                                  buffer's owner id */
   int32_t status;
   uint64_t thread; /* pthread_self of the thread that ran it */
   uint64_t buf, bytes, arg;     /* arg: the stream of a lock wait, the bytes wanted of a spill
                                    for room */
   uint64_t t0, dur;
 } rec_t;
+
+/* The buffers of one owner in a merged slice. */
+typedef struct owner_part {
+  uint32_t id, n;
+  uint64_t bytes;
+} owner_part_t;
 
 typedef struct track {
   uint64_t thread;
@@ -59,6 +71,9 @@ typedef struct track {
   uint32_t n;
   uint64_t last_t0; /* start of the latest report merged */
   uint64_t bufs[MERGE_BUFS];
+  owner_part_t owners[MERGE_OWNERS]; /* its buffers that have an owner, by owner */
+  uint32_t nowners;
+  owner_part_t others; /* owned buffers past MERGE_OWNERS owners (id unused) */
 } track_t;
 
 struct spw_trace {
@@ -83,6 +98,11 @@ struct spw_trace {
   uint64_t last[5]; /* device, host, disk, locked, peer: last values written */
   int sampled;
   unsigned tick;
+  spw_owner_name_t names[SPW_OWNERS]; /* the owners' names, as of names_gen */
+  uint32_t names_gen;
+  uint64_t owner_device[SPW_OWNERS];  /* scratch of the owners' scan */
+  uint64_t owner_last[SPW_OWNERS];    /* last value written per owner's counter */
+  uint8_t owner_written[SPW_OWNERS];  /* whether that counter was written at all */
 };
 
 /* ---- producers ---------------------------------------------------------------------- */
@@ -99,7 +119,7 @@ static void push(spw_trace_t *t, rec_t *r) {
         c->kind = r->kind;
         c->from = r->from;
         c->to = r->to;
-        c->flag = r->flag;
+        c->aux = r->aux;
         c->status = r->status;
         c->thread = (uint64_t)pthread_self();
         c->buf = r->buf;
@@ -119,24 +139,26 @@ static void push(spw_trace_t *t, rec_t *r) {
   }
 }
 
-void spw__trace_move(spw_trace_t *t, spw_buf_t h, spw_state_t from, spw_state_t to,
-                     uint64_t bytes, uint64_t duration_ns, int status) {
+void spw__trace_move(spw_trace_t *t, spw_buf_t h, uint32_t owner, spw_state_t from,
+                     spw_state_t to, uint64_t bytes, uint64_t duration_ns, int status) {
   uint64_t now = spw__now_ns();
-  rec_t r = {.kind = REC_MOVE, .from = (uint8_t)from, .to = (uint8_t)to, .status = status,
-             .buf = h, .bytes = bytes, .t0 = now - duration_ns, .dur = duration_ns};
+  rec_t r = {.kind = REC_MOVE, .from = (uint8_t)from, .to = (uint8_t)to, .aux = (uint8_t)owner,
+             .status = status, .buf = h, .bytes = bytes, .t0 = now - duration_ns,
+             .dur = duration_ns};
   push(t, &r);
 }
 
-void spw__trace_lock_wait(spw_trace_t *t, spw_buf_t h, spw_stream_t stream, uint64_t bytes,
-                          uint64_t t0_ns, int status) {
-  rec_t r = {.kind = REC_LOCK_WAIT, .status = status, .buf = h, .bytes = bytes,
-             .arg = (uint64_t)(uintptr_t)stream, .t0 = t0_ns, .dur = spw__now_ns() - t0_ns};
+void spw__trace_lock_wait(spw_trace_t *t, spw_buf_t h, uint32_t owner, spw_stream_t stream,
+                          uint64_t bytes, uint64_t t0_ns, int status) {
+  rec_t r = {.kind = REC_LOCK_WAIT, .aux = (uint8_t)owner, .status = status, .buf = h,
+             .bytes = bytes, .arg = (uint64_t)(uintptr_t)stream, .t0 = t0_ns,
+             .dur = spw__now_ns() - t0_ns};
   push(t, &r);
 }
 
 void spw__trace_spill_for_room(spw_trace_t *t, int background, uint64_t wanted, uint64_t moved,
                                uint64_t t0_ns) {
-  rec_t r = {.kind = REC_ROOM, .flag = (uint8_t)(background != 0), .bytes = moved,
+  rec_t r = {.kind = REC_ROOM, .aux = (uint8_t)(background != 0), .bytes = moved,
              .arg = wanted, .t0 = t0_ns, .dur = spw__now_ns() - t0_ns};
   push(t, &r);
 }
@@ -249,10 +271,57 @@ static void name_track(spw_trace_t *t, uint32_t i) {
                          "\"args\":{\"sort_index\":%d}}", t->pid, i + 1, sort));
 }
 
+/* `"owner":"<label>"` for one owner. */
+static void owner_arg(const spw_trace_t *t, uint32_t id, char *out, size_t len) {
+  char label[48];
+  spw__owner_label(t->names[id], id, label, sizeof label);
+  snprintf(out, len, ",\"owner\":\"%s\"", label);
+}
+
+/* The owner arguments of a slice of n buffers: none when no buffer has an owner, "owner"
+ * when all n have the same one, else "owners": buffers and bytes of each owner (the owned
+ * buffers past MERGE_OWNERS owners under "(other owners)"; buffers without one not listed). */
+static void owners_args(const spw_trace_t *t, const track_t *k, uint32_t n, char *out,
+                        size_t len) {
+  out[0] = '\0';
+  if (k->nowners == 0) return;
+  if (k->nowners == 1 && k->others.n == 0 && k->owners[0].n == n) {
+    owner_arg(t, k->owners[0].id, out, len);
+    return;
+  }
+  size_t o = (size_t)snprintf(out, len, ",\"owners\":{");
+  for (uint32_t j = 0; j <= k->nowners && o < len; j++) {
+    const owner_part_t *p = j < k->nowners ? &k->owners[j] : &k->others;
+    if (j == k->nowners && p->n == 0) break;
+    char label[48];
+    if (j < k->nowners) spw__owner_label(t->names[p->id], p->id, label, sizeof label);
+    else snprintf(label, sizeof label, "(other owners)");
+    o += (size_t)snprintf(out + o, len - o, "%s\"%s\":{\"buffers\":%u,\"bytes\":%" PRIu64 "}",
+                          j ? "," : "", label, p->n, p->bytes);
+  }
+  if (o < len) snprintf(out + o, len - o, "}");
+}
+
+/* Counts a report of owner `id` (non-zero) into the track's slice. */
+static void add_owner(track_t *k, uint32_t id, uint64_t bytes) {
+  owner_part_t *p = NULL;
+  for (uint32_t j = 0; j < k->nowners && !p; j++)
+    if (k->owners[j].id == id) p = &k->owners[j];
+  if (!p && k->nowners < MERGE_OWNERS) {
+    p = &k->owners[k->nowners++];
+    *p = (owner_part_t){.id = id};
+  }
+  if (!p) p = &k->others;
+  p->n++;
+  p->bytes += bytes;
+}
+
 static void write_move(spw_trace_t *t, uint32_t i, const rec_t *r, uint32_t n,
                        const uint64_t *bufs) {
   const char *name, *dir;
   move_name(r, &name, &dir);
+  char owners[MERGE_OWNERS * 96 + 64];
+  owners_args(t, &t->tracks[i], n, owners, sizeof owners);
   char list[MERGE_BUFS * 24 + 16] = "";
   if (n > 1) {
     size_t o = (size_t)snprintf(list, sizeof list, ",\"bufs\":[");
@@ -266,10 +335,10 @@ static void write_move(spw_trace_t *t, uint32_t i, const rec_t *r, uint32_t n,
                          "{\"name\":\"%s\",\"cat\":\"move\",\"ph\":\"X\",\"ts\":%.3f,"
                          "\"dur\":%.3f,\"pid\":%d,\"tid\":%u,\"args\":{\"bytes\":%" PRIu64
                          ",\"buffers\":%u,\"buf\":\"0x%" PRIx64 "\"%s,\"from\":\"%s\","
-                         "\"to\":\"%s\",\"dir\":\"%s\",\"status\":\"%s\"}}",
+                         "\"to\":\"%s\",\"dir\":\"%s\",\"status\":\"%s\"%s}}",
                          name, us(t, r->t0), (double)r->dur / 1000.0, t->pid, i + 1, r->bytes,
                          n, r->buf, list, state_name(r->from), state_name(r->to), dir,
-                         spw_err_name(r->status)));
+                         spw_err_name(r->status), owners));
 }
 
 static void flush_track(spw_trace_t *t, uint32_t i) {
@@ -299,6 +368,7 @@ static void write_rec(spw_trace_t *t, const rec_t *r) {
       k->last_t0 = r->t0;
       k->n++;
       k->r.bytes += r->bytes;
+      if (r->aux) add_owner(k, r->aux, r->bytes);
       k->idle = 0;
       return;
     }
@@ -314,22 +384,28 @@ static void write_rec(spw_trace_t *t, const rec_t *r) {
     k->r.dur = r->dur;
     k->n = 1;
     k->bufs[0] = r->buf;
+    k->nowners = 0;
+    k->others = (owner_part_t){0};
+    if (r->aux) add_owner(k, r->aux, r->bytes);
     return;
-  case REC_LOCK_WAIT:
+  case REC_LOCK_WAIT: {
+    char owner[96] = "";
+    if (r->aux) owner_arg(t, r->aux, owner, sizeof owner);
     emit(t, line, snprintf(line, sizeof line,
                            "{\"name\":\"lock wait\",\"cat\":\"lock\",\"ph\":\"X\",\"ts\":%.3f,"
                            "\"dur\":%.3f,\"pid\":%d,\"tid\":%u,\"args\":{\"buf\":\"0x%" PRIx64
                            "\",\"bytes\":%" PRIu64 ",\"stream\":\"0x%" PRIx64
-                           "\",\"status\":\"%s\"}}",
+                           "\",\"status\":\"%s\"%s}}",
                            us(t, r->t0), (double)r->dur / 1000.0, t->pid, i + 1, r->buf,
-                           r->bytes, r->arg, spw_err_name(r->status)));
+                           r->bytes, r->arg, spw_err_name(r->status), owner));
     return;
+  }
   case REC_ROOM:
     emit(t, line, snprintf(line, sizeof line,
                            "{\"name\":\"%s\",\"cat\":\"room\",\"ph\":\"X\",\"ts\":%.3f,"
                            "\"dur\":%.3f,\"pid\":%d,\"tid\":%u,\"args\":{\"wanted\":%" PRIu64
                            ",\"moved\":%" PRIu64 "}}",
-                           r->flag ? "background spill" : "spill on demand", us(t, r->t0),
+                           r->aux ? "background spill" : "spill on demand", us(t, r->t0),
                            (double)r->dur / 1000.0, t->pid, i + 1, r->arg, r->bytes));
     return;
   default: return;
@@ -337,11 +413,15 @@ static void write_rec(spw_trace_t *t, const rec_t *r) {
 }
 
 static void drain(spw_trace_t *t) {
+  /* Names set since the last round apply from here on; the owners' counters are written
+   * again under their new names at the next sample. */
+  if (spw__owner_names_copy(t->rt->owners, t->names, &t->names_gen))
+    memset(t->owner_written, 0, sizeof t->owner_written);
   for (;;) {
     rec_t *c = &t->ring[t->tail & (RING_RECORDS - 1)];
     uint64_t seq = atomic_load_explicit(&c->seq, memory_order_acquire);
     if (seq != t->tail + 1) break;
-    rec_t r = {.kind = c->kind, .from = c->from, .to = c->to, .flag = c->flag,
+    rec_t r = {.kind = c->kind, .from = c->from, .to = c->to, .aux = c->aux,
                .status = c->status, .thread = c->thread, .buf = c->buf, .bytes = c->bytes,
                .arg = c->arg, .t0 = c->t0, .dur = c->dur};
     atomic_store_explicit(&c->seq, t->tail + RING_RECORDS, memory_order_release);
@@ -352,6 +432,32 @@ static void drain(spw_trace_t *t) {
    * complete. */
   for (uint32_t i = 0; i < t->ntracks; i++)
     if (t->tracks[i].pending && ++t->tracks[i].idle >= 2) flush_track(t, i);
+}
+
+/* Each owner's bytes on the device, for the owners that allocated, written when they
+ * changed: a scan of the slots, made with the locked bytes' (every LOCKED_EVERY periods). */
+static void sample_owners(spw_trace_t *t) {
+  spw_runtime_t *rt = t->rt;
+  int any = 0;
+  for (uint32_t id = 1; id < SPW_OWNERS && !any; id++)
+    any = atomic_load_explicit(&rt->owners->c[id].allocs, memory_order_relaxed) != 0;
+  if (!any) return;
+  spw__owner_device_bytes(rt, t->owner_device);
+  double ts = us(t, spw__now_ns());
+  for (uint32_t id = 1; id < SPW_OWNERS; id++) {
+    uint64_t v = t->owner_device[id];
+    if (t->owner_written[id] ? v == t->owner_last[id]
+                             : !atomic_load_explicit(&rt->owners->c[id].allocs,
+                                                     memory_order_relaxed))
+      continue;
+    char line[LINE_MAX], label[48];
+    spw__owner_label(t->names[id], id, label, sizeof label);
+    emit(t, line, snprintf(line, sizeof line,
+                           "{\"name\":\"device (%s)\",\"ph\":\"C\",\"ts\":%.3f,\"pid\":%d,"
+                           "\"args\":{\"bytes\":%" PRIu64 "}}", label, ts, t->pid, v));
+    t->owner_last[id] = v;
+    t->owner_written[id] = 1;
+  }
 }
 
 /* The bytes in each tier, written when they changed. */
@@ -372,6 +478,7 @@ static void sample(spw_trace_t *t, int all) {
     t->last[i] = v[i];
   }
   t->sampled = 1;
+  if (all || t->tick % LOCKED_EVERY == 0) sample_owners(t);
 }
 
 static void *writer(void *arg) {

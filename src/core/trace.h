@@ -9,7 +9,11 @@
  *
  * Tracks: one per thread that ran the work, named for the engine's lanes ("engine down
  * lane", "engine up lane") and numbered for application threads, which is where spills on
- * demand and unspills for an acquire run. The stream of a lock wait is in its arguments.
+ * demand and unspills for an acquire run. The stream of a lock wait is in its arguments, and
+ * the owner of a buffer (SPW_ALLOC_OWNER, by its spw_owner_name or as "owner <id>") in the
+ * arguments of its move and lock wait. Counters: the bytes per tier, and for each owner that
+ * allocated, its bytes on the device ("device (<owner>)"), found by a scan of the slots on
+ * the writer's thread, so that nothing on the application's paths counts them.
  *
  * When tracing is off, rt->trace is NULL and each hook is one predictable branch in its
  * caller. Every function below is safe from any thread while the trace is open. */
@@ -31,13 +35,14 @@ int spw__trace_open(struct spw_runtime *rt, spw_trace_t **out);
  * Call once no thread can add events. NULL does nothing. */
 void spw__trace_close(spw_trace_t *t);
 
-/* A move ended (spw__report_move's arguments): `from == to` marks a failure. */
-void spw__trace_move(spw_trace_t *t, spw_buf_t h, spw_state_t from, spw_state_t to,
-                     uint64_t bytes, uint64_t duration_ns, int status);
+/* A move ended (spw__report_move's arguments): `from == to` marks a failure. `owner` is the
+ * buffer's owner id (0: none). */
+void spw__trace_move(spw_trace_t *t, spw_buf_t h, uint32_t owner, spw_state_t from,
+                     spw_state_t to, uint64_t bytes, uint64_t duration_ns, int status);
 /* An acquire that had to bring its buffer back or wait for another thread's move, from
  * `t0_ns` (spw__now_ns) to now. */
-void spw__trace_lock_wait(spw_trace_t *t, spw_buf_t h, spw_stream_t stream, uint64_t bytes,
-                          uint64_t t0_ns, int status);
+void spw__trace_lock_wait(spw_trace_t *t, spw_buf_t h, uint32_t owner, spw_stream_t stream,
+                          uint64_t bytes, uint64_t t0_ns, int status);
 /* Spills made to free room (`background` 0: on demand, for an allocation, an acquire or a
  * prefetch; 1: above the high watermark), from `t0_ns` to now. */
 void spw__trace_spill_for_room(spw_trace_t *t, int background, uint64_t wanted, uint64_t moved,

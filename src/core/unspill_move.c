@@ -63,14 +63,14 @@ int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, un
   spw_state_t from = spw__host_state(&m->from.host);
   if (end == SPW_MOVE_FREED) return SPW_ERR_FREED;
   if (end == SPW_MOVE_BACK) {
-    spw__report_own_move(rt, m->h, from, from, 0, dt, st); /* the acquire's */
+    spw__report_own_move(rt, m->h, m->owner, from, from, 0, dt, st); /* the acquire's */
     return st;
   }
   atomic_fetch_add(&rt->c.unspills, 1);
   atomic_fetch_add(&rt->c.unspill_bytes, m->size);
   atomic_fetch_add(&rt->c.unspill_ns, dt);
   count_peer_unspill(rt, m, 1);
-  spw__report_move(rt, m->h, from, SPW_STATE_RESIDENT, m->size, dt, SPW_OK);
+  spw__report_move(rt, m->h, m->owner, from, SPW_STATE_RESIDENT, m->size, dt, SPW_OK);
   *dptr = d;
   return SPW_OK;
 }
@@ -244,9 +244,9 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int
     spw_state_t from = spw__host_state(&it->m.from.host);
     if (it->end == SPW_MOVE_DONE) {
       count_peer_unspill(rt, &it->m, 1);
-      if (tell) spw__report_move(rt, it->m.h, from, SPW_STATE_RESIDENT, it->m.size, dt, SPW_OK);
+      if (tell) spw__report_move(rt, it->m.h, it->m.owner, from, SPW_STATE_RESIDENT, it->m.size, dt, SPW_OK);
     } else if (it->end == SPW_MOVE_BACK && !it->dropped && (tell || it->status != SPW_OK)) {
-      spw__report_move(rt, it->m.h, from, from, 0, dt, it->status);
+      spw__report_move(rt, it->m.h, it->m.owner, from, from, 0, dt, it->status);
     }
   }
   if (dropped) atomic_fetch_add_explicit(&rt->c.prefetch_dropped, dropped, memory_order_relaxed);

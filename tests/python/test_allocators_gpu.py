@@ -61,6 +61,8 @@ def test_cupy_allocations_succeed_by_spilling_deferrable_arrays(cupy):
         x = cupy.arange(n, dtype=cupy.int32)
         y = x * 2
         assert P.usage(dev)["cupy"]["live"] >= 2
+        owner = rt.owner_stats(P.OWNERS["cupy"])  # the C runtime knows them as CuPy's
+        assert owner["name"] == "cupy" and owner["buffers"] >= 2
         assert int(y[-1]) == 2 * (n - 1)
         assert int(y.sum(dtype=cupy.int64)) == n * (n - 1)
         del x, y
@@ -111,6 +113,8 @@ TORCH_POOL = textwrap.dedent("""
         t = torch.ones({limit} // 16, dtype=torch.int32, device="cuda")  # a quarter
         assert int(t.sum()) == {limit} // 16
         assert st.usage(dev)["live"] >= 1
+        owner = rt.owner_stats(P.OWNERS["torch"])  # the C runtime knows them as PyTorch's
+        assert owner["name"] == "torch" and owner["buffers"] >= 1
         assert rt.stats().spills_on_demand > before
         del t
     for i, a in enumerate(arrays):
@@ -218,6 +222,8 @@ def test_cuda_core_buffers_come_from_the_shared_budget():
     buf = mr.allocate(MiB, stream=d.default_stream)
     assert buf.size == MiB and buf.memory_resource is mr
     assert P.usage(d.device_id)["cuda.core"]["live"] == before + 1
+    owner = P.runtime(d.device_id).owner_stats(P.OWNERS["cuda.core"])
+    assert owner["name"] == "cuda.core" and owner["buffers"] >= 1
     buf.close()
     gc.collect()
     assert P.usage(d.device_id)["cuda.core"]["live"] == before

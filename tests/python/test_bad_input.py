@@ -362,6 +362,8 @@ CLOSED_CALLS = {
     "register_stream": lambda rt, b: rt.register_stream(None),
     "stats": lambda rt, b: rt.stats(),
     "summary": lambda rt, b: rt.summary(),
+    "name_owner": lambda rt, b: rt.name_owner(1, "x"),
+    "owner_stats": lambda rt, b: rt.owner_stats(1),
     "limits": lambda rt, b: rt.limits(),
     "async_error": lambda rt, b: rt.async_error(),
     "set_controller": lambda rt, b: rt.set_controller(spillway.Controller()),
@@ -390,7 +392,8 @@ def test_no_call_raises_overflow_error_for_a_huge_int(rt):
              lambda v: rt.memcpy(v, v, v), lambda v: spillway.stream_handle(v),
              lambda v: spillway.parse_size(v), lambda v: c.err_name(v),
              lambda v: spillway.DeferrableArray(rt, v, np.uint8),
-             lambda v: rt.graph_launch(v, [b])]
+             lambda v: rt.graph_launch(v, [b]), lambda v: rt.alloc(4096, owner=v),
+             lambda v: rt.owner_stats(v), lambda v: rt.name_owner(v, "x")]
     for call in calls:
         for v in huge:
             try:

@@ -80,6 +80,20 @@ def test_memalloc_takes_a_locked_buffer_from_the_budget(plugin):
     assert s.buffers == 1 and s.locked_bytes == MiB
 
 
+def test_memalloc_allocates_under_the_numba_owner(plugin):
+    import spillway.process as P
+    p = plugin.memalloc(MiB)
+    rt = sn.runtime(0)
+    o = rt.owner_stats(P.OWNERS["numba"])
+    assert (o["buffers"], o["bytes"], o["name"]) == (1, MiB, "numba")
+    assert "owners: numba 1 buffer 1.0 MiB" in rt.summary()
+    del p
+    settle(rt)
+    rt.synchronize(None)  # the free is ordered on the default stream
+    rt.wait_idle()
+    assert rt.owner_stats(P.OWNERS["numba"])["buffers"] == 0
+
+
 def test_no_release_of_another_stream_unlocks_numba_memory(plugin):
     rt = sn.runtime(0)
     p = plugin.memalloc(MiB)

@@ -8,9 +8,11 @@ conftest has configured it for the GPU already, and test_allocators_gpu.py runs 
 behaviours there under real CuPy, PyTorch and cuda.core, so this module is skipped."""
 import ctypes
 import gc
+import json
 import shutil
 import subprocess
 import threading
+import time
 import warnings
 
 import numpy as np
@@ -22,6 +24,7 @@ pytestmark = pytest.mark.skipif(HAVE_GPU, reason="covered under real libraries b
                                 "test_allocators_gpu (the shared runtime is the GPU's there)")
 
 import spillway  # noqa: E402
+import spillway.plot as plot  # noqa: E402
 import spillway.process as P  # noqa: E402
 import spillway.torch as T  # noqa: E402
 
@@ -276,6 +279,73 @@ def test_a_stream_the_runtime_does_not_know_is_refused(shared):
     assert P.usage(0)["cupy"]["live"] == 0
 
 
+# -- owners: the C runtime knows which library allocated what ------------------------------
+def test_each_library_allocates_under_its_own_named_owner(shared):
+    rt = shared.runtime
+    held = [P.allocate(lib, (i + 1) * MiB) for i, lib in enumerate(P.LIBRARIES)]
+    for i, lib in enumerate(P.LIBRARIES):
+        assert rt.owner_stats(P.OWNERS[lib]) == {"buffers": 1, "bytes": (i + 1) * MiB,
+                                                 "allocs": 1, "alloc_bytes": (i + 1) * MiB,
+                                                 "name": lib}
+    assert ("; owners: numba 1 buffer 1.0 MiB, cupy 1 buffer 2.0 MiB, torch 1 buffer 3.0 MiB, "
+            "cuda.core 1 buffer 4.0 MiB") in rt.summary()
+    for a in held:
+        a.free()
+    settle(rt)
+    assert [rt.owner_stats(P.OWNERS[lib])["buffers"] for lib in P.LIBRARIES] == [0, 0, 0, 0]
+
+
+def test_the_owners_and_usage_agree(shared):
+    held = [P.allocate("cupy", MiB) for _ in range(3)] + [P.allocate("cuda.core", 2 * MiB)]
+    held[0].free()
+    settle(shared.runtime)
+    u = P.usage(0)
+    for lib in ("cupy", "cuda.core"):
+        o = shared.runtime.owner_stats(P.OWNERS[lib])
+        assert (o["buffers"], o["bytes"]) == (u[lib]["live"], u[lib]["live_bytes"])
+        assert (o["allocs"], o["alloc_bytes"]) == (u[lib]["allocs"], u[lib]["alloc_bytes"])
+    for a in held:
+        a.free()
+
+
+def test_memory_lent_without_a_library_has_no_owner(shared):
+    rt = shared.runtime
+    h, _ = rt._expose_alloc(MiB, shared.expose_handle)  # library=None: uncounted
+    assert all(rt.owner_stats(i)["allocs"] == 0 for i in range(1, 256))
+    rt._expose_free(h, shared.expose_handle)
+
+
+def test_the_trace_names_each_library_and_draws_its_device_bytes(tmp_path):
+    path = tmp_path / "trace.json"
+    P.configure(backend="host", device_limit=LIMIT, host_device_bytes=2 * LIMIT,
+                ignore_env=True, log_level="error", trace=str(path))
+    libs = ("numba", "cupy", "cuda.core")
+    want = {f"device ({lib})": (i + 1) * MiB for i, lib in enumerate(libs)}
+    try:
+        P.device(0)
+        held = [P.allocate(lib, (i + 1) * MiB) for i, lib in enumerate(libs)]
+        # The trace's writer samples each owner's bytes on the device every few ms.
+        deadline = time.monotonic() + 10
+        while True:
+            last = {e["name"]: e["args"]["bytes"] for e in plot.load(str(path))
+                    if e.get("ph") == "C"}
+            if all(last.get(k) == v for k, v in want.items()):
+                break
+            assert time.monotonic() < deadline, last
+            time.sleep(0.005)
+        for a in held:
+            a.free()
+    finally:
+        gc.collect()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            P.reset(0)
+        P.configure()
+    events = json.loads(path.read_text())  # closed with the runtime: one JSON array
+    counters = {e["name"] for e in events if e.get("ph") == "C"}
+    assert set(want) <= counters
+
+
 # -- the PyTorch allocator library, through ctypes ----------------------------------------
 @pytest.fixture
 def torch_dev(shared):
@@ -292,6 +362,17 @@ def test_the_torch_library_allocates_in_the_shared_runtime(torch_dev):
     settle(torch_dev.runtime)
     assert torch_dev.runtime.stats().buffers == 0
     assert T.usage(0)["live"] == 0
+
+
+def test_the_torch_library_allocates_under_the_torch_owner(torch_dev):
+    rt = torch_dev.runtime
+    assert rt.owner_stats(P.OWNERS["torch"])["name"] == "torch"  # named when registered
+    p = lib().spw_torch_alloc(2 * MiB, 0, None)
+    o = rt.owner_stats(P.OWNERS["torch"])
+    assert (o["buffers"], o["bytes"], o["allocs"]) == (1, 2 * MiB, 1)
+    lib().spw_torch_free(p, 2 * MiB, 0, None)
+    settle(rt)
+    assert rt.owner_stats(P.OWNERS["torch"])["buffers"] == 0
 
 
 def test_the_torch_library_ignores_frees_of_pointers_it_did_not_hand_out(torch_dev):

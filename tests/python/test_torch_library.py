@@ -1,6 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
 """The PyTorch allocator library's own C logic (bindings/python/src/torch_alloc.c: the
-pointer map, the registration lock, the counters) under 8 threads, compiled with a stress
+pointer map, the registration lock, the counters, the owner tag) under 8 threads, compiled with a stress
 driver (tests/python/native/torch_alloc_stress.c) under ThreadSanitizer and under
 AddressSanitizer + UndefinedBehaviorSanitizer. Skipped without a C compiler that has them."""
 import os
@@ -31,4 +31,5 @@ def test_the_torch_library_is_race_and_leak_free_under_threads(tmp_path, sanitiz
     r = subprocess.run([str(exe)], capture_output=True, text=True, timeout=300, env=env)
     assert r.returncode == 0, r.stdout + r.stderr[-3000:]
     assert "live 0, allocs 160000, unknown frees 320" in r.stdout
+    assert "allocations not tagged torch's 0, namings all torch" in r.stdout
     assert "WARNING: ThreadSanitizer" not in r.stderr

@@ -169,8 +169,9 @@ class Runtime(_c.RuntimeBase):
             return True
 
     # -- buffers ---------------------------------------------------------------------
-    # alloc(nbytes, stream=None, stable=None) -> Buffer, acquire_n, release_n_async, synchronize,
-    # release_async, wait_idle, register_stream, unregister_stream: implemented in C.
+    # alloc(nbytes, stream=None, stable=None, owner=None) -> Buffer, acquire_n, release_n_async,
+    # synchronize, release_async, wait_idle, register_stream, unregister_stream, and the
+    # owners' name_owner(owner, name) and owner_stats(owner) -> dict: implemented in C.
 
     def spill(self, buffers: Union[Buffer, Iterable[Buffer]], tier: Tier = Tier.HOST) -> None:
         """Asks the engine to move unlocked buffers down to `tier`, as one batch. Returns at

@@ -12,7 +12,10 @@ that keeps raw pointers (Numba, CuPy, PyTorch, cuda.core) stays locked on it unt
 library frees it. Only these allocators use that stream, so no synchronize or release of
 any other stream can unlock memory a library still points at.
 
-``usage()`` attributes the live allocations to the library that made them.
+``usage()`` attributes the live allocations to the library that made them. The C runtime
+knows it too: each library allocates under its owner id (``OWNERS``), named after it, so
+the trace (SPILLWAY_TRACE), ``Runtime.summary()`` and ``Runtime.owner_stats(owner)`` name
+the library.
 """
 from __future__ import annotations
 
@@ -25,11 +28,16 @@ from ._errors import BusyError
 from ._runtime import Runtime, StreamLike
 
 __all__ = ["configure", "configuration", "device", "runtime", "existing", "reset", "usage",
-           "allocate", "Allocation", "LIBRARIES", "Device"]
+           "allocate", "Allocation", "LIBRARIES", "OWNERS", "Device"]
 
 #: The libraries whose allocations usage() counts (besides deferrable arrays), as the
 #: extension names them.
 LIBRARIES = tuple(_c.LIBRARIES)
+
+#: The owner id (spw_alloc_ex's SPW_ALLOC_OWNER) each library allocates under in a runtime,
+#: by library name: ``runtime(0).owner_stats(OWNERS["cupy"])``. Other code that tags its own
+#: buffers in a shared runtime should use other ids.
+OWNERS = dict(zip(LIBRARIES, _c.LIBRARY_OWNERS))
 
 
 class Device:

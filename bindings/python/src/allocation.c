@@ -15,8 +15,16 @@
  * library and releases it once that stream passes the free; nothing blocks.
  *
  * Counters: spwpy_runtime_t.usage[library], changed only with the GIL held (the allocation
- * counts after taking the GIL back), so they need no lock of their own. */
+ * counts after taking the GIL back), so they need no lock of their own.
+ *
+ * Owners: a library's memory is allocated with its owner tag (capi.h: SPWPY_OWNER_OF, in
+ * spw_alloc_ex's flags), so the C runtime's trace, stats summary and spw_owner_stats name
+ * the library too; the owner is named once per runtime, at the library's first allocation
+ * there (a bit of spwpy_runtime_t.owners_named, under the GIL). */
+#include <string.h>
+
 #include "binding.h"
+#include "capi.h"
 
 const char *const spwpy_libraries[SPWPY_LIBRARIES] = {"numba", "cupy", "torch", "cuda.core"};
 
@@ -44,6 +52,7 @@ static int library_from(PyObject *obj, int *out) {
 
 typedef struct expose_alloc_args {
   size_t n;
+  unsigned flags; /* the owner tag */
   spw_stream_t expose;
   spw_buf_t h;
   void *p;
@@ -51,7 +60,7 @@ typedef struct expose_alloc_args {
 
 static int expose_alloc_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
   expose_alloc_args_t *a = ctx;
-  int st = spw_alloc(r->rt, a->n, s, &a->h);
+  int st = spw_alloc_ex(r->rt, a->n, s, a->flags, &a->h);
   if (st != SPW_OK) return st;
   st = spw_acquire(r->rt, a->h, a->expose, 0, &a->p);
   if (st != SPW_OK) {
@@ -65,7 +74,16 @@ static int expose_alloc_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
  * works: the allocation may spill. Returns a status; the exception is not set. */
 static int expose_alloc(spwpy_runtime_t *r, int lib, size_t n, spw_stream_t expose,
                         spw_stream_t s, spw_buf_t *h, void **p) {
-  expose_alloc_args_t a = {n, expose, SPW_BUF_NULL, NULL};
+  unsigned flags = 0;
+  if (lib >= 0) {
+    flags = SPW_ALLOC_OWNER(SPWPY_OWNER_OF(lib));
+    if (!(r->owners_named & (1u << lib))) {
+      /* Cannot fail: the id and the names are valid (checked at import). */
+      (void)spw_owner_name(r->rt, SPWPY_OWNER_OF(lib), spwpy_libraries[lib]);
+      r->owners_named |= 1u << lib;
+    }
+  }
+  expose_alloc_args_t a = {n, flags, expose, SPW_BUF_NULL, NULL};
   int st = spwpy_on_stream(r, s, expose_alloc_op, &a, 1);
   if (lib >= 0) {
     spwpy_usage_t *u = &r->usage[lib];
@@ -326,6 +344,11 @@ static PyType_Spec allocation_spec = {
 };
 
 int spwpy_allocation_init(PyObject *m) {
+  /* The PyTorch allocator library allocates as SPWPY_OWNER_TORCH without the table. */
+  if (strcmp(spwpy_libraries[SPWPY_OWNER_TORCH - 1], "torch") != 0) {
+    PyErr_SetString(PyExc_ImportError, "spillway: SPWPY_OWNER_TORCH is not torch's owner");
+    return -1;
+  }
   if (spwpy_add_type(m, &allocation_spec, NULL, "Allocation", &spwpy_allocation_type) < 0)
     return -1;
   PyObject *t = PyTuple_New(SPWPY_LIBRARIES);
@@ -335,6 +358,16 @@ int spwpy_allocation_init(PyObject *m) {
   }
   if (!t) return -1;
   int rc = PyModule_AddObjectRef(m, "LIBRARIES", t);
+  Py_DECREF(t);
+  if (rc < 0) return -1;
+  /* LIBRARY_OWNERS[i]: the owner id library i allocates as (SPW_ALLOC_OWNER). */
+  t = PyTuple_New(SPWPY_LIBRARIES);
+  for (int i = 0; t && i < SPWPY_LIBRARIES; i++) {
+    PyObject *v = PyLong_FromUnsignedLong(SPWPY_OWNER_OF(i));
+    if (!v || PyTuple_SetItem(t, i, v) < 0) Py_CLEAR(t);
+  }
+  if (!t) return -1;
+  rc = PyModule_AddObjectRef(m, "LIBRARY_OWNERS", t);
   Py_DECREF(t);
   return rc;
 }

@@ -48,6 +48,8 @@ typedef struct spwpy_runtime {
   PyObject *link;    /* the ControllerLink of a Python controller (controller.c), kept
                         until the runtime is destroyed: it is the C controller's `user` */
   spwpy_usage_t usage[SPWPY_LIBRARIES]; /* allocation.c; changed with the GIL held */
+  unsigned owners_named; /* bit i: library i's owner (capi.h, SPWPY_OWNER_OF) is named in
+                            this runtime; set with the GIL held, at its first allocation */
   PyObject *lender;  /* the Runtime that lent this one its peer tier (peer_lend), strong:
                         destroying a borrower gives the memory back to its lender, which
                         must still exist then. Set by a lend, dropped by a reclaim or once

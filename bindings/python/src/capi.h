@@ -33,6 +33,18 @@ typedef struct spwpy_capi {
    * (the out-of-memory numbers: limit, bytes in use, bytes locked). */
   const char *(*err_name)(int status);
   const char *(*last_error)(const spw_runtime_t *rt);
+  /* Appended for owner tags: the allocator allocates as its owner (SPWPY_OWNER_TORCH) and
+   * names it once per runtime it is given. */
+  int (*alloc_ex)(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, unsigned flags,
+                  spw_buf_t *out);
+  int (*owner_name)(spw_runtime_t *rt, unsigned id, const char *name);
 } spwpy_capi_t;
+
+/* The owner ids (spillway.h's SPW_ALLOC_OWNER) under which the package's allocators allocate
+ * in a runtime: library i of spillway.process.LIBRARIES ("numba", "cupy", "torch",
+ * "cuda.core") is owner i + 1, named after it, so the trace and the stats summary say which
+ * library allocated what. The extension checks at import that the torch one is right. */
+#define SPWPY_OWNER_OF(library) ((unsigned)(library) + 1u)
+#define SPWPY_OWNER_TORCH SPWPY_OWNER_OF(2)
 
 #endif /* SPILLWAY_PY_CAPI_H */

@@ -189,7 +189,8 @@ PyObject *spwpy_dlpack_live(PyObject *self, PyObject *noargs) {
 
 static const spwpy_capi_t capi = {
     sizeof(spwpy_capi_t), spw_alloc,           spw_free,      spw_acquire,    spw_release,
-    spw_release_n_async,  spw_stream_register, spw_err_name, spw_last_error,
+    spw_release_n_async,  spw_stream_register, spw_err_name, spw_last_error, spw_alloc_ex,
+    spw_owner_name,
 };
 
 /* _c_api_address() -> int: the address of the table above (process lifetime). */

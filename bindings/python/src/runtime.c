@@ -340,22 +340,42 @@ static int alloc_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
   return spw_alloc_ex(r->rt, a->n, s, a->flags, &a->h);
 }
 
-/* alloc(nbytes, stream=None, stable=None): `stable` None leaves the choice to the runtime's
- * stable_addresses (flags 0); True or False overrides it for this buffer. */
+/* An owner id (SPW_ALLOC_OWNER): an int in [lo, SPW_OWNER_MAX]; None is 0 where lo is 0.
+ * TypeError for another type, InvalidArgumentError out of range. */
+static int owner_from(PyObject *obj, unsigned long long lo, unsigned *out) {
+  unsigned long long v = 0;
+  if (!(obj == Py_None && lo == 0) &&
+      spwpy_u64_from(obj, "owner", lo, SPW_ERR_INVALID_ARG, &v) < 0)
+    return -1;
+  if (v > SPW_OWNER_MAX) {
+    spwpy_raise_format(SPW_ERR_INVALID_ARG, "owner must be between %llu and %d, not %R", lo,
+                       SPW_OWNER_MAX, obj);
+    return -1;
+  }
+  *out = (unsigned)v;
+  return 0;
+}
+
+/* alloc(nbytes, stream=None, stable=None, owner=None): `stable` None leaves the choice to the
+ * runtime's stable_addresses (flags 0); True or False overrides it for this buffer. `owner`
+ * (1..255) tags it for name_owner / owner_stats / the trace. */
 static PyObject *runtime_alloc(PyObject *self, PyObject *args, PyObject *kwds) {
-  static char *kwlist[] = {"nbytes", "stream", "stable", NULL};
+  static char *kwlist[] = {"nbytes", "stream", "stable", "owner", NULL};
   spwpy_runtime_t *r = R(self);
-  PyObject *nobj, *sobj = Py_None, *stable_obj = Py_None;
-  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OO", kwlist, &nobj, &sobj, &stable_obj))
+  PyObject *nobj, *sobj = Py_None, *stable_obj = Py_None, *owner_obj = Py_None;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O|OOO", kwlist, &nobj, &sobj, &stable_obj,
+                                   &owner_obj))
     return NULL;
   alloc_args_t a = {0, 0, SPW_BUF_NULL};
   spw_stream_t s;
   int flags;
+  unsigned owner;
   if (spwpy_nbytes_from(nobj, "nbytes", &a.n) < 0 || spwpy_stream_from(sobj, &s) < 0 ||
       tristate_from(stable_obj, "stable", 0, (int)SPW_ALLOC_STABLE, (int)SPW_ALLOC_MOVABLE,
-                    &flags) < 0)
+                    &flags) < 0 ||
+      owner_from(owner_obj, 0, &owner) < 0)
     return NULL;
-  a.flags = (unsigned)flags;
+  a.flags = (unsigned)flags | SPW_ALLOC_OWNER(owner);
   LIVE(r);
   int st = spwpy_on_stream(r, s, alloc_op, &a, 1);
   if (st != SPW_OK) return spwpy_raise(r->rt, st);
@@ -884,10 +904,54 @@ static PyObject *runtime_stats(PyObject *self, PyObject *noargs) {
   return t;
 }
 
+/* name_owner(owner, name): spw_owner_name. */
+static PyObject *runtime_name_owner(PyObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"owner", "name", NULL};
+  spwpy_runtime_t *r = R(self);
+  PyObject *oobj, *nobj;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO", kwlist, &oobj, &nobj)) return NULL;
+  unsigned owner;
+  if (owner_from(oobj, 1, &owner) < 0) return NULL;
+  if (!PyUnicode_Check(nobj)) {
+    PyErr_Format(PyExc_TypeError, "name must be a str, not %R", (PyObject *)Py_TYPE(nobj));
+    return NULL;
+  }
+  Py_ssize_t len;
+  const char *name = PyUnicode_AsUTF8AndSize(nobj, &len);
+  if (!name) return NULL;
+  LIVE(r);
+  /* An embedded NUL would cut the name short: refused like any other bad character. */
+  int st = (size_t)len != strlen(name) ? SPW_ERR_INVALID_ARG : spw_owner_name(r->rt, owner, name);
+  if (st != SPW_OK)
+    return spwpy_raise_format(st, "an owner's name is 1 to %d printable ASCII characters "
+                              "other than '\"' and '\\', not %R", SPW_OWNER_NAME_MAX, nobj);
+  Py_RETURN_NONE;
+}
+
+/* owner_stats(owner) -> dict: spw_owner_stats, its field names as keys. */
+static PyObject *runtime_owner_stats(PyObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"owner", NULL};
+  spwpy_runtime_t *r = R(self);
+  PyObject *oobj;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &oobj)) return NULL;
+  unsigned owner;
+  if (owner_from(oobj, 1, &owner) < 0) return NULL;
+  LIVE(r);
+  spw_owner_stats_t o;
+  memset(&o, 0, sizeof o);
+  o.struct_size = sizeof o;
+  int st = spw_owner_stats(r->rt, owner, &o);
+  if (st != SPW_OK) return spwpy_raise(r->rt, st);
+  return Py_BuildValue("{s:K,s:K,s:K,s:K,s:s}", "buffers", (unsigned long long)o.buffers,
+                       "bytes", (unsigned long long)o.bytes, "allocs",
+                       (unsigned long long)o.allocs, "alloc_bytes",
+                       (unsigned long long)o.alloc_bytes, "name", o.name);
+}
+
 static PyObject *runtime_summary(PyObject *self, PyObject *noargs) {
   spwpy_runtime_t *r = R(self);
   LIVE(r);
-  char buf[1024];
+  char buf[4096]; /* room for the owners' part too */
   int st = spw_stats_summary(r->rt, buf, sizeof buf);
   if (st != SPW_OK) return spwpy_raise(r->rt, st);
   return PyUnicode_FromString(buf);
@@ -1059,6 +1123,8 @@ static PyMethodDef runtime_methods[] = {
     {"peer_reclaim", (PyCFunction)(void (*)(void))runtime_peer_reclaim, METH_VARARGS | METH_KEYWORDS, NULL},
     {"_stats", runtime_stats, METH_NOARGS, NULL},
     {"summary", runtime_summary, METH_NOARGS, NULL},
+    {"name_owner", (PyCFunction)(void (*)(void))runtime_name_owner, METH_VARARGS | METH_KEYWORDS, NULL},
+    {"owner_stats", (PyCFunction)(void (*)(void))runtime_owner_stats, METH_VARARGS | METH_KEYWORDS, NULL},
     {"memcpy", (PyCFunction)(void (*)(void))runtime_memcpy, METH_VARARGS | METH_KEYWORDS, NULL},
     {"_numba_alloc", spwpy_runtime_expose_alloc, METH_VARARGS, NULL},
     {"_numba_free", spwpy_runtime_expose_free, METH_VARARGS, NULL},

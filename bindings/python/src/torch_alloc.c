@@ -18,7 +18,8 @@
  *
  * Memory: every allocation is a Spillway buffer, allocated stream-ordered on PyTorch's
  * stream (so it counts against the budget, and deferrable buffers are spilled to make room)
- * and locked on the runtime's exposure stream, which only the Python package's allocators
+ * as owner SPWPY_OWNER_TORCH (named "torch" when the runtime is registered, so the trace and
+ * the stats summary say it is PyTorch's), and locked on the runtime's exposure stream, which only the Python package's allocators
  * use, so it stays resident and in place while PyTorch holds the pointer. A free moves the
  * lock to PyTorch's stream and releases it once that stream passes the free, so kernels
  * PyTorch queued before it still run on valid memory; nothing blocks.
@@ -151,8 +152,9 @@ static int adopt(device_slot_t *d, spw_stream_t s, int st) {
 }
 
 static int alloc_on(device_slot_t *d, size_t n, spw_stream_t s, spw_buf_t *h) {
-  int st = g_api->alloc(d->rt, n, s, h);
-  if (adopt(d, s, st)) st = g_api->alloc(d->rt, n, s, h);
+  const unsigned flags = SPW_ALLOC_OWNER(SPWPY_OWNER_TORCH);
+  int st = g_api->alloc_ex(d->rt, n, s, flags, h);
+  if (adopt(d, s, st)) st = g_api->alloc_ex(d->rt, n, s, flags, h);
   return st;
 }
 
@@ -266,10 +268,11 @@ EXPORT void spw_torch_free(void *ptr, ssize_t size, int device, spw_stream_t str
 }
 
 /* Registers the runtime of `device` and the exposure stream its allocations are locked on
- * (rt NULL unregisters it). Returns 0; SPW_ERR_INVALID_ARG for a device outside [0, 64) or
- * a table older than this library's; SPW_ERR_BUSY if the device has live allocations (the
- * registration is kept: their memory belongs to that runtime). Waits for running
- * allocations and frees; call it with the GIL released (ctypes does). */
+ * (rt NULL unregisters it), and names this library's owner in it ("torch"). Returns 0;
+ * SPW_ERR_INVALID_ARG for a device outside [0, 64) or a table older than this library's;
+ * SPW_ERR_BUSY if the device has live allocations (the registration is kept: their memory
+ * belongs to that runtime). Waits for running allocations and frees; call it with the GIL
+ * released (ctypes does). */
 EXPORT int spw_torch_set_runtime(int device, const spwpy_capi_t *api, spw_runtime_t *rt,
                                  spw_stream_t expose) {
   if (device < 0 || device >= MAX_DEVICES) return SPW_ERR_INVALID_ARG;
@@ -283,6 +286,7 @@ EXPORT int spw_torch_set_runtime(int device, const spwpy_capi_t *api, spw_runtim
     if (rt) g_api = api;
     d->rt = rt;
     d->expose = rt ? expose : NULL;
+    if (rt) st = api->owner_name(rt, SPWPY_OWNER_TORCH, "torch");
   }
   pthread_rwlock_unlock(&g_rt_lock);
   return st;

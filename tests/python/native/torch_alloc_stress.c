@@ -8,11 +8,13 @@
  * 8 threads allocate and free 20000 times each, sizes and streams varying, while another
  * thread re-registers the runtime and reads the counters; frees of unknown pointers and
  * twice-freed pointers are mixed in. At the end: every allocation freed, every fake buffer
- * freed exactly once, the counters consistent. Exit 0 on success. */
+ * freed exactly once, every allocation tagged with the library's owner and every naming of
+ * it "torch", the counters consistent. Exit 0 on success. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <string.h>
 #include <sys/types.h>
 
 #include "capi.h"
@@ -57,14 +59,28 @@ static int f_register(spw_runtime_t *rt, spw_stream_t s) {
   (void)rt, (void)s;
   return SPW_OK;
 }
+/* The library allocates as its owner and names it at each registration. */
+static atomic_ullong bad_flags, bad_names, namings;
+static int f_alloc_ex(spw_runtime_t *rt, size_t n, spw_stream_t s, unsigned flags,
+                      spw_buf_t *out) {
+  if (flags != SPW_ALLOC_OWNER(SPWPY_OWNER_TORCH)) atomic_fetch_add(&bad_flags, 1);
+  return f_alloc(rt, n, s, out);
+}
+static int f_owner_name(spw_runtime_t *rt, unsigned id, const char *name) {
+  (void)rt;
+  if (id != SPWPY_OWNER_TORCH || strcmp(name, "torch") != 0) atomic_fetch_add(&bad_names, 1);
+  atomic_fetch_add(&namings, 1);
+  return SPW_OK;
+}
 static const char *f_name(int st) { return st ? "SPW_ERR_x" : "SPW_OK"; }
 static const char *f_last(const spw_runtime_t *rt) {
   (void)rt;
   return "";
 }
 
-static const spwpy_capi_t api = {sizeof api, f_alloc,    f_free,  f_acquire, f_release,
-                                 f_release_n, f_register, f_name, f_last};
+static const spwpy_capi_t api = {sizeof api,  f_alloc,    f_free,  f_acquire,  f_release,
+                                 f_release_n, f_register, f_name,  f_last,     f_alloc_ex,
+                                 f_owner_name};
 static int fake_runtime; /* any address: the fake calls never read it */
 static atomic_int done;
 
@@ -116,8 +132,11 @@ int main(void) {
   printf("live %lld, allocs %lld, unknown frees %lld, fake buffers live %llu, freed %llu\n",
          (long long)u[0], (long long)u[2], (long long)u[5],
          (unsigned long long)live_buffers, (unsigned long long)frees);
+  printf("allocations not tagged torch's %llu, namings %s\n", (unsigned long long)bad_flags,
+         namings > 0 && bad_names == 0 ? "all torch" : "wrong");
   if (bad || u[0] != 0 || u[1] != 0 || u[2] != n || u[5] != 2 * THREADS * (ROUNDS / 1000) ||
-      live_buffers != 0 || frees != (unsigned long long)n)
+      live_buffers != 0 || frees != (unsigned long long)n || bad_flags != 0 || namings == 0 ||
+      bad_names != 0)
     return 1;
   /* Unregistering with nothing live succeeds; the map is empty (ASan's leak check sees the
    * table itself as reachable through a static, which is what it is). */
