@@ -101,6 +101,34 @@ static int run_child(const spw_ipc_handle_t *h, uint64_t expect, uint64_t write)
 
 /* ---- what another process sees ------------------------------------------------------- */
 
+/* A runtime (config.ipc = `mode`), a stream of it, and a buffer of `bytes` holding pattern
+ * `seed`, unlocked. */
+typedef struct fixture {
+  spw_runtime_t *rt;
+  spw_stream_t s;
+  spw_buf_t b;
+} fixture_t;
+
+static fixture_t fixture(spw_ipc_mode_t mode, size_t bytes, uint64_t seed) {
+  fixture_t f = {ipc_runtime(mode), NULL, SPW_BUF_NULL};
+  ASSERT_OK(spw_stream_create(f.rt, &f.s));
+  f.b = test_filled(f.rt, f.s, bytes, seed);
+  return f;
+}
+
+/* Ends every lock of the stream, frees the buffer (unless freed already) and the runtime. */
+static void fixture_end(fixture_t *f) {
+  ASSERT_OK(spw_stream_synchronize(f->rt, f->s));
+  if (f->b != SPW_BUF_NULL) ASSERT_OK(spw_free(f->rt, f->b));
+  ASSERT_OK(spw_runtime_destroy(f->rt));
+}
+
+static void *locked(fixture_t *f) {
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(f->rt, f->b, f->s, 0, &d));
+  return d;
+}
+
 /* Fills a buffer of `bytes`, exports it under a lock, lets the child read and rewrite it,
  * then reads the child's bytes here. */
 static void shared_both_ways(spw_runtime_t *rt, spw_stream_t s, spw_buf_t b, size_t bytes) {
@@ -117,45 +145,31 @@ static void shared_both_ways(spw_runtime_t *rt, spw_stream_t s, spw_buf_t b, siz
 }
 
 static void small_buffer_is_read_and_written_by_another_process(void) {
-  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = test_filled(rt, s, SMALL_BYTES, 41);
-  shared_both_ways(rt, s, b, SMALL_BYTES);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  fixture_t f = fixture(SPW_IPC_ON, SMALL_BYTES, 41);
+  shared_both_ways(f.rt, f.s, f.b, SMALL_BYTES);
+  fixture_end(&f);
 }
 
 static void large_buffer_is_read_and_written_by_another_process(void) {
-  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = test_filled(rt, s, LARGE_BYTES, 41);
-  shared_both_ways(rt, s, b, LARGE_BYTES);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  fixture_t f = fixture(SPW_IPC_ON, LARGE_BYTES, 41);
+  shared_both_ways(f.rt, f.s, f.b, LARGE_BYTES);
+  fixture_end(&f);
 }
 
 static void buffer_brought_back_from_disk_is_exported_with_its_data(void) {
-  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = test_filled(rt, s, LARGE_BYTES, 41);
-  ASSERT_OK(spw_spill(rt, b, SPW_TIER_DISK));
-  ASSERT_OK(spw_wait_idle(rt));
+  fixture_t f = fixture(SPW_IPC_ON, LARGE_BYTES, 41);
+  ASSERT_OK(spw_spill(f.rt, f.b, SPW_TIER_DISK));
+  ASSERT_OK(spw_wait_idle(f.rt));
   /* The acquire brings it back asynchronously; the export waits for that copy. */
-  shared_both_ways(rt, s, b, LARGE_BYTES);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  shared_both_ways(f.rt, f.s, f.b, LARGE_BYTES);
+  fixture_end(&f);
 }
 
 static void pointer_inside_a_buffer_exports_from_there(void) {
-  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = test_filled(rt, s, LARGE_BYTES, 7);
-  void *d = NULL;
-  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  fixture_t f = fixture(SPW_IPC_ON, LARGE_BYTES, 7);
+  spw_runtime_t *rt = f.rt;
+  spw_stream_t s = f.s;
+  void *d = locked(&f);
   /* The second half: the child sees the pattern of seed 41 there. */
   uint8_t *half = malloc(LARGE_BYTES / 2);
   test_fill(half, LARGE_BYTES / 2, 41);
@@ -169,41 +183,32 @@ static void pointer_inside_a_buffer_exports_from_there(void) {
   ASSERT_OK(spw_stream_synchronize(rt, s));
   ASSERT_EQ(test_first_mismatch(half, LARGE_BYTES / 2, 42), SIZE_MAX);
   free(half);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  fixture_end(&f);
 }
 
 /* ---- refusals ------------------------------------------------------------------------- */
 
 static void export_without_config_ipc_is_unsupported(void) {
-  spw_runtime_t *rt = ipc_runtime(SPW_IPC_OFF);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = test_filled(rt, s, SMALL_BYTES, 1);
-  void *d = NULL;
-  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  fixture_t f = fixture(SPW_IPC_OFF, SMALL_BYTES, 1);
+  void *d = locked(&f);
   spw_ipc_handle_t h;
-  ASSERT_STATUS(spw_ipc_export(rt, b, &h), SPW_ERR_UNSUPPORTED);
-  ASSERT_TRUE(strstr(spw_last_error(rt), "SPILLWAY_IPC") != NULL);
-  ASSERT_STATUS(spw_ipc_export_ptr(rt, d, SMALL_BYTES, &h), SPW_ERR_UNSUPPORTED);
-  ASSERT_OK(spw_stream_synchronize(rt, s));
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_STATUS(spw_ipc_export(f.rt, f.b, &h), SPW_ERR_UNSUPPORTED);
+  ASSERT_TRUE(strstr(spw_last_error(f.rt), "SPILLWAY_IPC") != NULL);
+  ASSERT_STATUS(spw_ipc_export_ptr(f.rt, d, SMALL_BYTES, &h), SPW_ERR_UNSUPPORTED);
+  fixture_end(&f);
 }
 
 static void export_of_an_unlocked_or_spilled_buffer_is_not_locked(void) {
-  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = test_filled(rt, s, SMALL_BYTES, 1);
+  fixture_t f = fixture(SPW_IPC_ON, SMALL_BYTES, 1);
   spw_ipc_handle_t h;
-  ASSERT_STATUS(spw_ipc_export(rt, b, &h), SPW_ERR_NOT_LOCKED);
-  ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
-  ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_STATUS(spw_ipc_export(rt, b, &h), SPW_ERR_NOT_LOCKED);
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_STATUS(spw_ipc_export(rt, b, &h), SPW_ERR_FREED);
-  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_STATUS(spw_ipc_export(f.rt, f.b, &h), SPW_ERR_NOT_LOCKED);
+  ASSERT_OK(spw_spill(f.rt, f.b, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(f.rt));
+  ASSERT_STATUS(spw_ipc_export(f.rt, f.b, &h), SPW_ERR_NOT_LOCKED);
+  ASSERT_OK(spw_free(f.rt, f.b));
+  ASSERT_STATUS(spw_ipc_export(f.rt, f.b, &h), SPW_ERR_FREED);
+  f.b = SPW_BUF_NULL;
+  fixture_end(&f);
 }
 
 static void export_of_an_address_stable_buffer_is_unsupported(void) {
@@ -225,12 +230,10 @@ static void export_of_an_address_stable_buffer_is_unsupported(void) {
 }
 
 static void export_arguments_are_checked(void) {
-  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON), *other = ipc_runtime(SPW_IPC_ON);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = test_filled(rt, s, SMALL_BYTES, 1);
-  void *d = NULL;
-  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  fixture_t f = fixture(SPW_IPC_ON, SMALL_BYTES, 1);
+  spw_runtime_t *rt = f.rt, *other = ipc_runtime(SPW_IPC_ON);
+  spw_buf_t b = f.b;
+  void *d = locked(&f);
   spw_ipc_handle_t h;
   ASSERT_STATUS(spw_ipc_export(NULL, b, &h), SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw_ipc_export(rt, b, NULL), SPW_ERR_INVALID_ARG);
@@ -244,27 +247,19 @@ static void export_arguments_are_checked(void) {
   ASSERT_STATUS(spw_ipc_export_ptr(rt, elsewhere, sizeof elsewhere, &h), SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw_ipc_export_ptr(rt, d, (size_t)1 << 40, &h), SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw_ipc_export_ptr(other, d, SMALL_BYTES, &h), SPW_ERR_INVALID_ARG);
-  ASSERT_OK(spw_stream_synchronize(rt, s));
-  ASSERT_OK(spw_free(rt, b));
   ASSERT_OK(spw_runtime_destroy(other));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  fixture_end(&f);
 }
 
 static void open_of_a_handle_of_this_process_is_unsupported(void) {
-  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
-  spw_buf_t b = test_filled(rt, s, SMALL_BYTES, 1);
-  void *d = NULL;
-  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  fixture_t f = fixture(SPW_IPC_ON, SMALL_BYTES, 1);
+  (void)locked(&f);
   spw_ipc_handle_t h;
-  ASSERT_OK(spw_ipc_export(rt, b, &h));
+  ASSERT_OK(spw_ipc_export(f.rt, f.b, &h));
   void *opened = NULL;
-  ASSERT_STATUS(spw_ipc_open(rt, &h, &opened), SPW_ERR_UNSUPPORTED);
+  ASSERT_STATUS(spw_ipc_open(f.rt, &h, &opened), SPW_ERR_UNSUPPORTED);
   ASSERT_PTR_EQ(opened, NULL);
-  ASSERT_OK(spw_stream_synchronize(rt, s));
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  fixture_end(&f);
 }
 
 static void open_arguments_and_forged_handles_are_refused(void) {
