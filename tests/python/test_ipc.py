@@ -122,3 +122,9 @@ def test_a_closed_runtime_refuses_ipc_calls():
         rt.ipc_open(bytes(HANDLE_BYTES))
     with pytest.raises(spillway.SpillwayError):
         rt.ipc_close(4096)
+
+
+@pytest.mark.parametrize("bad", ["yes", 2, 1.0])
+def test_the_ipc_keyword_takes_a_bool_or_none(bad):
+    with pytest.raises(TypeError, match="ipc must be a bool or None"):
+        spillway.Runtime(backend="host", ipc=bad, ignore_env=True, log_level="error")
