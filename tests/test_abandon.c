@@ -186,11 +186,58 @@ static void work_after_an_abandon_waits_for_the_spill_copy(void) {
   gate_fini(&g);
 }
 
+/* The abandoning acquire's stream waits for the spill copy, but that lock may be gone
+ * before the wait has run: here an all-or-nothing acquire abandons the spill of its first
+ * buffer, then fails on the second (not on the device, and TRY) and lets the first go at
+ * once. A lock on another stream, taken while the spiller still holds the buffer, must wait
+ * for the copy too (TSan caught the stress test's writes racing with such a copy). */
+static void a_lock_after_an_abandon_rolled_back_waits_for_the_spill_copy(void) {
+  spw_buf_t b = written(8), away = written(9);
+  ASSERT_OK(spw_spill(rt, away, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  spw_stream_t other;
+  ASSERT_OK(spw_stream_create(rt, &other));
+  gate_t g;
+  gate_init(&g);
+  atomic_int copies = 0, ran = 0;
+  ASSERT_OK(rt->ops->launch_host_func(rt->be, spw__d2h(rt), gate_wait, &g));
+  spw__faults_hook(rt->be, SPW_FAULT_COPY, count_copy, &copies);
+  spw_victim_t v = claim(b);
+  spiller_t sp = {rt, &v};
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, spill_main, &sp), 0);
+  for (uint64_t t0 = test_now_ms(); atomic_load(&copies) == 0 && test_now_ms() - t0 < 5000;)
+    test_sleep_ms(1);
+  ASSERT_EQ(atomic_load(&copies), 1);
+  void *d[2];
+  ASSERT_STATUS(spw_acquire_n(rt, (spw_buf_t[]){b, away}, 2, s, SPW_ACQUIRE_TRY, d),
+                SPW_ERR_NOT_READY);
+  spw__faults_hook(rt->be, SPW_FAULT_COPY, NULL, NULL);
+  ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT); /* taken back, then let go */
+  ASSERT_OK(spw_acquire(rt, b, other, 0, &d[0]));
+  ASSERT_OK(spw_launch_host_func(rt, other, set_flag, &ran));
+  test_sleep_ms(100);
+  ASSERT_EQ(atomic_load(&ran), 0); /* behind the spill copy */
+  gate_open(&g);
+  ASSERT_OK(spw_stream_synchronize(rt, other));
+  ASSERT_EQ(atomic_load(&ran), 1);
+  ASSERT_EQ(pthread_join(t, NULL), 0);
+  ASSERT_EQ(v.status, SPW_ERR_BUSY);
+  ASSERT_TRUE(!gate_timed_out(&g));
+  ASSERT_EQ(mismatch(b, 8), (size_t)-1);
+  ASSERT_EQ(mismatch(away, 9), (size_t)-1);
+  ASSERT_OK(spw_free(rt, b));
+  ASSERT_OK(spw_free(rt, away));
+  ASSERT_OK(spw_stream_destroy(rt, other));
+  gate_fini(&g);
+}
+
 static const spw_test_t tests[] = {
     TEST(writes_after_abandoning_a_clean_spill_survive),
     TEST(writes_after_abandoning_a_dirty_spill_survive),
     TEST(an_abandoned_victim_cannot_be_claimed_again_until_its_spiller_lets_go),
     TEST(free_of_an_abandoned_victim_waits_for_its_spiller),
     TEST(work_after_an_abandon_waits_for_the_spill_copy),
+    TEST(a_lock_after_an_abandon_rolled_back_waits_for_the_spill_copy),
 };
 TEST_MAIN_FIXTURE(tests, open_fixture, close_fixture)

@@ -378,6 +378,17 @@ spw_move_end_t spw__move_abort(spw_runtime_t *rt, const spw_move_t *m, uint64_t 
   return SPW_MOVE_BACK;
 }
 
+/* Makes `stream` wait on `ev`, recorded on the download stream, and puts `ev` back. Without
+ * the event (a failed record or wait), waiting for the whole download stream here orders
+ * just as well. */
+static int follow_d2h(spw_runtime_t *rt, spw_bevent_t *ev, int recorded, spw_stream_t stream) {
+  int st = recorded;
+  if (st == SPW_OK) st = rt->ops->stream_wait_event(rt->be, stream, ev);
+  if (st != SPW_OK) st = rt->ops->stream_sync(rt->be, spw__d2h(rt));
+  spw__event_put(&rt->events, ev);
+  return st;
+}
+
 int spw__move_abandon(spw_runtime_t *rt, spw_slot_t *s, spw_stream_t stream) {
   spw_bevent_t *ev = NULL;
   int st = spw__event_get(&rt->events, &ev);
@@ -390,14 +401,20 @@ int spw__move_abandon(spw_runtime_t *rt, spw_slot_t *s, spw_stream_t stream) {
   set_word(s, w, spw__w_with_state(w, SPW_STATE_RESIDENT) + 1);
   st = rt->ops->event_record(rt->be, ev, spw__d2h(rt));
   pthread_mutex_unlock(&rt->d2h_gate);
-  if (st == SPW_OK) st = rt->ops->stream_wait_event(rt->be, stream, ev);
-  /* Without the event, waiting for the whole download stream here orders just as well. */
-  if (st != SPW_OK) st = rt->ops->stream_sync(rt->be, spw__d2h(rt));
-  spw__event_put(&rt->events, ev);
+  st = follow_d2h(rt, ev, st, stream);
   if (st != SPW_OK) {
     atomic_fetch_sub(&s->word, 1); /* no lock after all: RESIDENT, unlocked, still MOVING */
     return st;
   }
   atomic_fetch_add_explicit(&rt->c.spills_abandoned, 1, memory_order_relaxed);
   return SPW_OK;
+}
+
+int spw__move_follow_abandoned(spw_runtime_t *rt, spw_stream_t stream) {
+  spw_bevent_t *ev = NULL;
+  int st = spw__event_get(&rt->events, &ev);
+  if (st != SPW_OK) return st;
+  /* No gate: the mover's copies were enqueued before the abandon, which came before us
+   * (the slot mutex orders the two), so the download stream's work so far includes them. */
+  return follow_d2h(rt, ev, rt->ops->event_record(rt->be, ev, spw__d2h(rt)), stream);
 }

@@ -150,6 +150,13 @@ spw_move_end_t spw__move_abort(spw_runtime_t *rt, const spw_move_t *m, uint64_t 
  * may have enqueued from the buffer, so the acquirer's writes never race with them. */
 int spw__move_abandon(spw_runtime_t *rt, spw_slot_t *s, spw_stream_t stream);
 
+/* Makes `stream` wait for the copies of a spill abandoned earlier whose mover still holds
+ * the buffer (RESIDENT with MOVING). The abandoning stream waited for them, but its lock
+ * may be gone before that wait ran (an all-or-nothing acquire that failed further on, a
+ * release of a lock that did no work), so every lock taken until the mover lets go waits
+ * too; the copies' bytes are discarded, but they must not read while the new owner writes. */
+int spw__move_follow_abandoned(spw_runtime_t *rt, spw_stream_t stream);
+
 /* Frees what `place` holds: device memory and host extents at once, or once `after` (an
  * event already recorded, that outlives the wait: a slot's `ready`) has completed; disk
  * extents at once. Empties it and returns the device bytes released, which the caller

@@ -74,6 +74,9 @@ static int lock_on_device(spw_runtime_t *rt, spw_slot_t *s, uint64_t w, spw_stre
     st = spw__move_abandon(rt, s, stream);
     if (st != SPW_OK) return st;
   } else {
+    /* MOVING on a RESIDENT buffer: an abandoned spill's copies may still be running. */
+    if (w & SPW_W_MOVING) st = spw__move_follow_abandoned(rt, stream);
+    if (st != SPW_OK) return st;
     atomic_fetch_add(&s->word, 1); /* lock-free acquirers may race on the count */
   }
   if ((w & SPW_W_CLEAN) && !(flags & SPW_ACQUIRE_READ)) {
