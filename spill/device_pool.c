@@ -17,9 +17,13 @@
  * stream-ordered pool, so every region comes from the backend's ipc_alloc: the slabs, and
  * for large blocks arenas (the host arena's free-list allocator over memory it does not
  * own). The backend cannot order an arena block's free on a stream, so a large free waits
- * for the stream through the completions before the block is reused. */
+ * for the stream through the completions before the block is reused. A pool that is not
+ * exportable has arenas too once a buffer asks for one (SPW_ALLOC_ARENA: library
+ * allocations, which cost two driver calls each from the stream-ordered pool); its frees
+ * tell an arena's block by its address. */
 #include "device_pool.h"
 
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -54,8 +58,9 @@ struct spw_dpool {
   size_t nslabs, slab_cap;
   size_t slab_max; /* the largest slab: a small fraction of the budget */
   uint64_t slab_total;
-  arena_t *arenas; /* exportable pools: large blocks; sorted by base */
+  arena_t *arenas; /* large blocks of exportable pools and of SPW_ALLOC_ARENA; by base */
   size_t narenas, arena_cap;
+  atomic_int had_arenas; /* set with the first arena: until then no free looks for one */
   size_t arena_min; /* an arena's size unless one block needs more */
 };
 
@@ -194,11 +199,15 @@ static int arena_take(spw_dpool_t *p, size_t bytes, void **out) {
 static int arena_grow(spw_dpool_t *p, size_t bytes) {
   size_t size = (bytes + ARENA_GRAIN - 1) / ARENA_GRAIN * ARENA_GRAIN;
   if (size < p->arena_min) size = p->arena_min;
+  /* One page more: the free-list allocator wants its memory 4096-aligned, and neither the
+   * stream-ordered pool nor cudaMalloc promises that (the host backend gives 256 bytes). */
   void *base;
-  int st = region_alloc(p, size, &base);
+  int st = region_alloc(p, size + SPW_ARENA_ALIGN, &base);
   if (st != SPW_OK) return st;
+  uintptr_t first = ((uintptr_t)base + SPW_ARENA_ALIGN - 1) / SPW_ARENA_ALIGN * SPW_ARENA_ALIGN;
   spw_host_arena_t *alloc = NULL;
-  st = spw__arena_create_borrowed(base, size, &alloc);
+  st = spw__arena_create_borrowed((void *)first, size, &alloc);
+  size += SPW_ARENA_ALIGN; /* the region, as allocated: what an export names */
   pthread_mutex_lock(&p->mu);
   arena_t *grown = st == SPW_OK ? spw__grow(p->arenas, &p->arena_cap, p->narenas + 1,
                                             sizeof *grown, 4)
@@ -215,6 +224,7 @@ static int arena_grow(spw_dpool_t *p, size_t bytes) {
   memmove(&p->arenas[at + 1], &p->arenas[at], (p->narenas - at) * sizeof *p->arenas);
   p->arenas[at] = (arena_t){base, size, alloc};
   p->narenas++;
+  atomic_store_explicit(&p->had_arenas, 1, memory_order_relaxed);
   pthread_mutex_unlock(&p->mu);
   return SPW_OK;
 }
@@ -238,6 +248,22 @@ static void arena_release(spw_dpool_t *p, void *ptr, size_t bytes) {
                          0, 1};
   if (a) spw__arena_free(a->alloc, &e);
   pthread_mutex_unlock(&p->mu);
+}
+
+/* Whether a large block came from an arena: always in an exportable pool; else looked up,
+ * once any arena exists. */
+static int in_arena(spw_dpool_t *p, const void *ptr) {
+  if (p->p.exportable) return 1;
+  if (!atomic_load_explicit(&p->had_arenas, memory_order_relaxed)) return 0;
+  pthread_mutex_lock(&p->mu);
+  int in = arena_of(p, ptr) != NULL;
+  pthread_mutex_unlock(&p->mu);
+  return in;
+}
+
+int spw__dpool_alloc_arena(spw_dpool_t *p, size_t bytes, void **out) {
+  if (bytes >= SPW_DPOOL_SMALL) return arena_alloc(p, bytes, out);
+  return spw__dpool_alloc(p, bytes, p->p.null_stream, out);
 }
 
 int spw__dpool_alloc(spw_dpool_t *p, size_t bytes, spw_stream_t stream, void **out) {
@@ -298,7 +324,7 @@ static void slab_release(spw_dpool_t *p, void *ptr) {
 /* Returns a block no work can touch any more. */
 static void release_now(spw_dpool_t *p, void *ptr, size_t bytes) {
   if (bytes < SPW_DPOOL_SMALL) slab_release(p, ptr);
-  else if (p->p.exportable) arena_release(p, ptr, bytes);
+  else if (in_arena(p, ptr)) arena_release(p, ptr, bytes);
   else p->p.ops->free_async(p->p.be, ptr, p->p.null_stream);
 }
 
@@ -330,7 +356,7 @@ static void release_behind(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t
 /* A large block: the backend's pool orders its free on the stream itself; an arena's block
  * waits for the stream first. */
 static void large_free(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream) {
-  if (p->p.exportable) release_behind(p, ptr, bytes, stream);
+  if (in_arena(p, ptr)) release_behind(p, ptr, bytes, stream);
   else p->p.ops->free_async(p->p.be, ptr, stream);
 }
 
@@ -360,7 +386,7 @@ void spw__dpool_free_n(spw_dpool_t *p, void *const *ptrs, const size_t *bytes, s
 
 void spw__dpool_free_after(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream) {
   if (!ptr) return;
-  if (bytes >= SPW_DPOOL_SMALL && !p->p.exportable) {
+  if (bytes >= SPW_DPOOL_SMALL && !in_arena(p, ptr)) {
     p->p.ops->free_async(p->p.be, ptr, stream); /* the backend orders it on the stream */
     return;
   }

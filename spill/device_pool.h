@@ -34,6 +34,11 @@ void spw__dpool_destroy(spw_dpool_t *p);
 /* Device memory for `bytes`, usable by work enqueued on `stream` after the call (large: the
  * backend's alloc_async on `stream`; small: any stream). SPW_ERR_OUT_OF_MEMORY if refused. */
 int spw__dpool_alloc(spw_dpool_t *p, size_t bytes, spw_stream_t stream, void **out);
+/* spw__dpool_alloc for a block that comes from an arena even in a pool that is not
+ * exportable (SPW_ALLOC_ARENA): a free-list operation instead of the backend's allocator;
+ * small blocks as spw__dpool_alloc. Usable by every stream. Every free of the pool knows an
+ * arena's block by its address. */
+int spw__dpool_alloc_arena(spw_dpool_t *p, size_t bytes, void **out);
 /* Small blocks for bytes[0..n) from the free lists, under one hold of the lock (a batch of
  * small buffers pays one lock, not one per buffer). Stops at the first size that is not
  * small or whose free list is empty; returns how many, from the first, were served. The

@@ -152,12 +152,13 @@ static void owner_ids_past_the_maximum_and_unknown_bits_are_refused(void) {
   ASSERT_STATUS(spw_alloc_ex(rt, KIB, s, SPW_ALLOC_OWNER(SPW_OWNER_MAX + 1), &b),
                 SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw_alloc_ex(rt, KIB, s, SPW_ALLOC_OWNER(-1), &b), SPW_ERR_INVALID_ARG);
-  ASSERT_STATUS(spw_alloc_ex(rt, KIB, s, SPW_ALLOC_OWNER(1) | 0x4u, &b), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_alloc_ex(rt, KIB, s, SPW_ALLOC_OWNER(1) | 0x8u, &b), SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw_alloc_ex(rt, KIB, s, SPW_ALLOC_OWNER(1) | 0x10000u, &b),
                 SPW_ERR_INVALID_ARG);
   for (unsigned bit = 0; bit < 32; bit++) { /* every bit outside the flags and the owner */
     unsigned f = 1u << bit;
-    if (f & (SPW_ALLOC_STABLE | SPW_ALLOC_MOVABLE | SPW_ALLOC_OWNER_MASK)) continue;
+    if (f & (SPW_ALLOC_STABLE | SPW_ALLOC_MOVABLE | SPW_ALLOC_ARENA | SPW_ALLOC_OWNER_MASK))
+      continue;
     ASSERT_STATUS(spw_alloc_ex(rt, KIB, s, f, &b), SPW_ERR_INVALID_ARG);
   }
   ASSERT_STATUS(spw_alloc_ex(rt, KIB, s, SPW_ALLOC_STABLE | SPW_ALLOC_MOVABLE | SPW_ALLOC_OWNER(2),

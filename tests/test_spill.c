@@ -476,6 +476,59 @@ static void batch_counts_only_what_moved(void) {
 
 static void seed(void) { rng_state = spw_test_seed(); }
 
+/* ---- SPW_ALLOC_ARENA: plain memory from the pool's arenas -------------------------------- */
+
+static spw_buf_t arena_filled(size_t n, uint64_t seed) {
+  spw_buf_t b;
+  ASSERT_OK(spw_alloc_ex(rt, n, s, SPW_ALLOC_ARENA, &b));
+  uint8_t *src = malloc(n);
+  test_fill(src, n, seed);
+  upload(b, src, n);
+  free(src);
+  return b;
+}
+
+static void arena_buffers_keep_their_data_through_spills(void) {
+  enum { N = 8 };
+  spw_buf_t b[N];
+  for (int i = 0; i < N; i++) b[i] = arena_filled(MIB + 4096 * (size_t)i, 70 + (uint64_t)i);
+  for (int round = 0; round < 2; round++) {
+    (void)test_spill_counted(rt, b, N, SPW_TIER_HOST);
+    for (int i = 0; i < N; i++) test_expect_fill(rt, b[i], s, MIB + 4096 * (size_t)i, 70 + (uint64_t)i);
+  }
+  for (int i = 0; i < N; i++) ASSERT_OK(spw_free(rt, b[i]));
+  ASSERT_OK(spw_wait_idle(rt));
+}
+
+static void arena_memory_comes_back_for_the_next_allocation(void) {
+  spw_buf_t a = arena_filled(2 * MIB, 1);
+  void *first = NULL, *again = NULL;
+  ASSERT_OK(spw_acquire(rt, a, s, 0, &first));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_OK(spw_free(rt, a));
+  ASSERT_OK(spw_wait_idle(rt)); /* the free waited for the stream, then returned the block */
+  spw_buf_t b = arena_filled(2 * MIB, 2);
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &again));
+  ASSERT_PTR_EQ(again, first);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  test_expect_fill(rt, b, s, 2 * MIB, 2);
+  ASSERT_OK(spw_free(rt, b));
+}
+
+static void arena_buffers_are_ordinary_and_refuse_stable(void) {
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.stable_addresses = SPW_STABLE_ON;
+  reopen_fixture(&cfg);
+  spw_buf_t b;
+  int stable = -1;
+  ASSERT_STATUS(spw_alloc_ex(rt, MIB, s, SPW_ALLOC_ARENA | SPW_ALLOC_STABLE, &b),
+                SPW_ERR_INVALID_ARG);
+  ASSERT_OK(spw_alloc_ex(rt, MIB, s, SPW_ALLOC_ARENA, &b));
+  ASSERT_OK(spw_buf_is_stable(rt, b, &stable));
+  ASSERT_EQ(stable, 0);
+  ASSERT_OK(spw_free(rt, b));
+}
+
 static const spw_test_t tests[] = {
     TEST(contents_survive_spill_unspill_cycles),
     TEST(spill_of_locked_buffer_is_refused),
@@ -489,5 +542,8 @@ static const spw_test_t tests[] = {
     TEST(stats_summary_is_not_empty),
     TEST(try_acquire_refuses_to_bring_a_buffer_back),
     TEST(batch_counts_only_what_moved),
+    TEST(arena_buffers_keep_their_data_through_spills),
+    TEST(arena_memory_comes_back_for_the_next_allocation),
+    TEST(arena_buffers_are_ordinary_and_refuse_stable),
 };
 TEST_MAIN_HOOKS(tests, seed, NULL, open_fixture, close_fixture)

@@ -423,7 +423,9 @@ static void four_threads_under_pressure_keep_addresses_and_contents(void) {
 
 static void alloc_ex_rejects_unknown_and_conflicting_flags(void) {
   spw_buf_t b = SPW_BUF_NULL;
-  ASSERT_STATUS(spw_alloc_ex(rt, 4096, s, 0x4, &b), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_alloc_ex(rt, 4096, s, 0x8, &b), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_alloc_ex(rt, 4096, s, SPW_ALLOC_STABLE | SPW_ALLOC_ARENA, &b),
+                SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw_alloc_ex(rt, 4096, s, SPW_ALLOC_STABLE | SPW_ALLOC_MOVABLE, &b),
                 SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw_alloc_ex(rt, 0, s, SPW_ALLOC_STABLE, &b), SPW_ERR_INVALID_ARG);

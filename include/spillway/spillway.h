@@ -340,6 +340,13 @@ SPW_API SPW_NODISCARD int spw_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_
 #define SPW_ALLOC_STABLE 0x1u  /* address-stable: the device pointer every acquire returns is
                                   the same for the buffer's whole life, across spills to host
                                   or disk and back */
+#define SPW_ALLOC_ARENA 0x4u   /* an ordinary buffer whose device memory, from 512 KiB up,
+                                  comes from the runtime's arenas (device regions it divides
+                                  itself) rather than the stream-ordered pool: allocation and
+                                  free cost a free-list operation instead of two driver calls
+                                  (about 3 us less on an H100). For memory allocated and freed
+                                  often and held locked (library allocators); after a spill it
+                                  comes back from the pool. Not with SPW_ALLOC_STABLE */
 #define SPW_ALLOC_MOVABLE 0x2u /* an ordinary buffer even when the runtime's stable_addresses
                                   is on */
 /* Owner tags. SPW_ALLOC_OWNER(id), or'ed into spw_alloc_ex's flags, tags the buffer with an

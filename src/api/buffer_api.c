@@ -6,7 +6,8 @@
 #include "buffer_state.h"
 #include "controller.h"
 
-#define ALLOC_FLAGS (SPW_ALLOC_STABLE | SPW_ALLOC_MOVABLE)
+#define ALLOC_FLAGS (SPW_ALLOC_STABLE | SPW_ALLOC_MOVABLE | SPW_ALLOC_ARENA)
+#define PLACEMENT (SPW_ALLOC_STABLE | SPW_ALLOC_MOVABLE)
 
 /* The owner bits must not overlap the flags, and must hold every id up to SPW_OWNER_MAX. */
 _Static_assert((SPW_ALLOC_OWNER_MASK & ALLOC_FLAGS) == 0, "owner bits overlap a flag");
@@ -15,16 +16,20 @@ _Static_assert(SPW_ALLOC_OWNER(SPW_OWNER_MAX) == SPW_ALLOC_OWNER_MASK, "owner bi
 int spw_alloc_ex(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, unsigned flags,
                  spw_buf_t *out) {
   if (!rt || !out || bytes == 0 || (uint64_t)bytes > SPW_MAX_BUFFER_BYTES ||
-      (flags & ~(ALLOC_FLAGS | SPW_ALLOC_OWNER_MASK)) || (flags & ALLOC_FLAGS) == ALLOC_FLAGS)
+      (flags & ~(ALLOC_FLAGS | SPW_ALLOC_OWNER_MASK)) || (flags & PLACEMENT) == PLACEMENT ||
+      ((flags & SPW_ALLOC_ARENA) && (flags & SPW_ALLOC_STABLE)))
     return SPW_ERR_INVALID_ARG;
   uint32_t owner = (flags & SPW_ALLOC_OWNER_MASK) >> SPW_ALLOC_OWNER_SHIFT;
   spw_stream_entry_t *e;
   int st = spw__stream_entry(rt, stream, &e);
   if (st != SPW_OK) return st;
-  int stable = (flags & SPW_ALLOC_STABLE) ||
-               (!(flags & SPW_ALLOC_MOVABLE) && rt->settings.stable_addresses);
+  /* An arena buffer is an ordinary one, whatever the runtime's stable_addresses. */
+  unsigned place = (flags & SPW_ALLOC_STABLE) || (!(flags & (SPW_ALLOC_MOVABLE | SPW_ALLOC_ARENA)) &&
+                                                  rt->settings.stable_addresses)
+                       ? SPW__PLACE_STABLE
+                       : (flags & SPW_ALLOC_ARENA) ? SPW__PLACE_ARENA : 0;
   spw_buf_t h;
-  st = spw__buffer_create(rt, bytes, e->bstream, stable, owner, &h);
+  st = spw__buffer_create(rt, bytes, e->bstream, place, owner, &h);
   if (st != SPW_OK) return st;
   *out = h;
   spw__controller_allocated(rt, h, bytes);

@@ -227,9 +227,11 @@ static int reserve_for_hint(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
   return SPW_ERR_OUT_OF_MEMORY;
 }
 
-/* Memory behind a reservation: mapped at a stable buffer's range, else from the pool. */
+/* Memory behind a reservation: mapped at a stable buffer's range, else from the pool (its
+ * arenas with `arena`). */
 static int device_alloc(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, void *va,
-                        void **out) {
+                        int arena, void **out) {
+  if (arena) return spw__dpool_alloc_arena(rt->dpool, bytes, out);
   if (!va) return spw__dpool_alloc(rt->dpool, bytes, stream, out);
   int st = spw__stable_map(rt->stable, va);
   if (st == SPW_OK) *out = va;
@@ -240,11 +242,11 @@ int spw__device_reserve(spw_runtime_t *rt, size_t bytes, uint64_t own, int hint)
   return hint ? reserve_for_hint(rt, bytes, own) : spw__budget_reserve(rt, bytes, own);
 }
 
-int spw__device_alloc_reserved(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int hint,
-                               void *va, void **out) {
+static int alloc_reserved(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int hint,
+                          void *va, int arena, void **out) {
   int st;
   for (int attempt = 0;; attempt++) {
-    st = device_alloc(rt, bytes, stream, va, out);
+    st = device_alloc(rt, bytes, stream, va, arena, out);
     if (st != SPW_ERR_OUT_OF_MEMORY) break;
     if (hint) break; /* no retries that wait: the hint is dropped */
     /* The device refused although the budget allowed it (fragmentation, another process,
@@ -271,6 +273,16 @@ int spw__device_alloc_reserved(spw_runtime_t *rt, size_t bytes, spw_stream_t str
     if (hint) st = SPW_ERR_OUT_OF_MEMORY;
   }
   return st;
+}
+
+int spw__device_alloc_reserved(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int hint,
+                               void *va, void **out) {
+  return alloc_reserved(rt, bytes, stream, hint, va, 0, out);
+}
+
+int spw__device_get_arena(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, void **out) {
+  int st = spw__budget_reserve(rt, bytes, 0);
+  return st != SPW_OK ? st : alloc_reserved(rt, bytes, stream, 0, NULL, 1, out);
 }
 
 int spw__device_get_hint(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,

@@ -49,6 +49,9 @@ void spw__budget_spill_ended(spw_runtime_t *rt, uint64_t freed, uint64_t ended);
  * and *out is va. Errors as spw__budget_reserve, plus the backend's. */
 int spw__device_get(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uint64_t own,
                     void *va, void **out);
+/* spw__device_get (no `own`, no stable range) for memory from the device pool's arenas
+ * (SPW_ALLOC_ARENA; spw__dpool_alloc_arena). */
+int spw__device_get_arena(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, void **out);
 /* The same for a prefetch, whose room must stay: it reserves only up to the high watermark,
  * spills only buffers that no prefetch brought back since their last acquire, and waits
  * for nothing but spills in flight. Errors: SPW_ERR_OUT_OF_MEMORY (no such room: the caller

@@ -167,14 +167,15 @@ void spw__slot_drop_clean(spw_runtime_t *rt, spw_slot_t *s, int copy_may_read) {
 
 /* ---- creation and free ------------------------------------------------------------------ */
 
-int spw__buffer_create(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int stable,
+int spw__buffer_create(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, unsigned place,
                        uint32_t owner, spw_buf_t *out) {
   void *d = NULL, *va = NULL;
-  int st = stable ? spw__stable_reserve(rt->stable, bytes, &va) : SPW_OK;
+  int st = place == SPW__PLACE_STABLE ? spw__stable_reserve(rt->stable, bytes, &va) : SPW_OK;
   if (st != SPW_OK)
     return spw__set_error(rt, st, "no address range for a stable buffer of %zu bytes: %s", bytes,
                           spw_strerror(st));
-  st = spw__device_get(rt, bytes, stream, 0, va, &d);
+  st = place == SPW__PLACE_ARENA ? spw__device_get_arena(rt, bytes, stream, &d)
+                                 : spw__device_get(rt, bytes, stream, 0, va, &d);
   if (st != SPW_OK) {
     if (va) spw__stable_unreserve(rt->stable, va);
     return st;

@@ -168,12 +168,16 @@ uint64_t spw__place_release(spw_runtime_t *rt, spw_place_t *place, size_t size,
  * makes it stale. Behind the slot's `ready` if an unspill copy may still read it. */
 void spw__slot_drop_clean(spw_runtime_t *rt, spw_slot_t *s, int copy_may_read);
 
+/* Where spw__buffer_create puts a buffer's first device memory. */
+#define SPW__PLACE_STABLE 1u /* at an address range reserved for its life */
+#define SPW__PLACE_ARENA 2u  /* from the device pool's arenas (SPW_ALLOC_ARENA) */
+
 /* spw_alloc: a new RESIDENT buffer of `bytes` on device memory from spw__device_get on
- * `stream` (reserved against the budget, spilling on demand); with `stable`, at an address
- * range reserved for its life (spw__stable_reserve); tagged with `owner` (0: none), whose
+ * `stream` (reserved against the budget, spilling on demand), placed as `place` says (0:
+ * the pool); tagged with `owner` (0: none), whose
  * counters it joins before it is published (owners.h). Errors: those of spw__device_get, of
  * the stable pool, and of the handle table. */
-int spw__buffer_create(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, int stable,
+int spw__buffer_create(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, unsigned place,
                        uint32_t owner, spw_buf_t *out);
 /* spw_free: marks the buffer FREE_PENDING and finishes the free at once if nobody holds it
  * (no lock, no move). Errors: handle errors, SPW_ERR_FREED. *size gets its size. */

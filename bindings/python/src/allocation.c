@@ -74,9 +74,11 @@ static int expose_alloc_op(spwpy_runtime_t *r, spw_stream_t s, void *ctx) {
  * works: the allocation may spill. Returns a status; the exception is not set. */
 static int expose_alloc(spwpy_runtime_t *r, int lib, size_t n, spw_stream_t expose,
                         spw_stream_t s, spw_buf_t *h, void **p) {
-  unsigned flags = 0;
+  /* Plain memory, locked from allocation to free: from the runtime's arenas, a free-list
+   * operation, where the stream-ordered pool costs two driver calls (docs/python.md). */
+  unsigned flags = SPW_ALLOC_ARENA;
   if (lib >= 0) {
-    flags = SPW_ALLOC_OWNER(SPWPY_OWNER_OF(lib));
+    flags |= SPW_ALLOC_OWNER(SPWPY_OWNER_OF(lib));
     if (!(r->owners_named & (1u << lib))) {
       /* Cannot fail: the id and the names are valid (checked at import). */
       (void)spw_owner_name(r->rt, SPWPY_OWNER_OF(lib), spwpy_libraries[lib]);

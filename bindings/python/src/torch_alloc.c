@@ -152,7 +152,7 @@ static int adopt(device_slot_t *d, spw_stream_t s, int st) {
 }
 
 static int alloc_on(device_slot_t *d, size_t n, spw_stream_t s, spw_buf_t *h) {
-  const unsigned flags = SPW_ALLOC_OWNER(SPWPY_OWNER_TORCH);
+  const unsigned flags = SPW_ALLOC_ARENA | SPW_ALLOC_OWNER(SPWPY_OWNER_TORCH);
   int st = g_api->alloc_ex(d->rt, n, s, flags, h);
   if (adopt(d, s, st)) st = g_api->alloc_ex(d->rt, n, s, flags, h);
   return st;
