@@ -163,7 +163,7 @@ void spw__completions_stop(spw_completions_t *c) {
 }
 
 static int after(spw_completions_t *c, spw_stream_t bstream, spw_completion_cell_t *cell,
-                 spw_completion_fn fn, void *arg) {
+                 int or_now, spw_completion_fn fn, void *arg) {
   item_t *it = malloc(sizeof *it);
   if (!it) return SPW_ERR_SYSTEM;
   int s = spw__event_get(c->events, &it->ev);
@@ -172,9 +172,11 @@ static int after(spw_completions_t *c, spw_stream_t bstream, spw_completion_cell
     return s;
   }
   s = c->ops->event_record(c->be, it->ev, bstream);
-  if (s != SPW_OK) {
+  int done = s == SPW_OK && or_now && c->ops->event_query(c->be, it->ev) == SPW_OK;
+  if (s != SPW_OK || done) {
     spw__event_put(c->events, it->ev);
     free(it);
+    if (done) fn(arg, SPW_OK);
     return s;
   }
   it->owned = 1;
@@ -187,12 +189,18 @@ static int after(spw_completions_t *c, spw_stream_t bstream, spw_completion_cell
 
 int spw__completions_after(spw_completions_t *c, spw_stream_t bstream, spw_completion_fn fn,
                            void *arg) {
-  return after(c, bstream, NULL, fn, arg);
+  return after(c, bstream, NULL, 0, fn, arg);
+}
+
+int spw__completions_after_or_now(spw_completions_t *c, spw_stream_t bstream,
+                                  spw_completion_fn fn, void *arg) {
+  return after(c, bstream, NULL, 1, fn, arg);
 }
 
 int spw__completions_after_open(spw_completions_t *c, spw_stream_t bstream,
-                                spw_completion_cell_t *cell, spw_completion_fn fn, void *arg) {
-  return after(c, bstream, cell, fn, arg);
+                                spw_completion_cell_t *cell, int or_now, spw_completion_fn fn,
+                                void *arg) {
+  return after(c, bstream, cell, or_now, fn, arg);
 }
 
 int spw__completions_join(spw_completions_t *c, spw_stream_t bstream, spw_completion_cell_t *cell,

@@ -38,6 +38,10 @@ void spw__completions_stop(spw_completions_t *c);
  * is never called. */
 int spw__completions_after(spw_completions_t *c, spw_stream_t stream, spw_completion_fn fn,
                            void *arg);
+/* As spw__completions_after, but when the stream's work so far has already completed, fn
+ * runs now, on the calling thread (a free behind an idle stream needs no poller round). */
+int spw__completions_after_or_now(spw_completions_t *c, spw_stream_t stream,
+                                  spw_completion_fn fn, void *arg);
 /* fn(arg, status) runs once `ev`, already recorded by the caller, has completed. The event
  * stays the caller's and must outlive the item; recording it again before then only makes
  * fn run later. On error fn is never called. */
@@ -60,9 +64,11 @@ typedef int (*spw_completion_join_fn)(void *open_arg, const void *add);
  * have completed without joining. */
 int spw__completions_join(spw_completions_t *c, spw_stream_t stream, spw_completion_cell_t *cell,
                           spw_completion_join_fn join, const void *add);
-/* As spw__completions_after, and the new item becomes the cell's open item. */
+/* As spw__completions_after (with `or_now`, spw__completions_after_or_now), and the new
+ * item, if one is made, becomes the cell's open item. */
 int spw__completions_after_open(spw_completions_t *c, spw_stream_t stream,
-                                spw_completion_cell_t *cell, spw_completion_fn fn, void *arg);
+                                spw_completion_cell_t *cell, int or_now, spw_completion_fn fn,
+                                void *arg);
 /* The same with fn's argument copied into the item (`size` bytes of `data`; fn gets the
  * copy, which lives until fn returns): one allocation per item instead of two, for the
  * deferred frees that one acquire of a spilled buffer costs. */

@@ -341,12 +341,15 @@ static void free_deferred(void *arg, int status) {
   free(d);
 }
 
-/* Returns the block once the work enqueued so far on `stream` has completed. */
+/* Returns the block once the work enqueued so far on `stream` has completed: at once when
+ * it has (a library allocator's free, most often), so that the next allocation finds the
+ * block rather than growing another arena while the free waits for a poller round. */
 static void release_behind(spw_dpool_t *p, void *ptr, size_t bytes, spw_stream_t stream) {
   deferred_t *d = malloc(sizeof *d);
   if (d) {
     *d = (deferred_t){p, ptr, bytes};
-    if (spw__completions_after(p->p.completions, stream, free_deferred, d) == SPW_OK) return;
+    if (spw__completions_after_or_now(p->p.completions, stream, free_deferred, d) == SPW_OK)
+      return;
     free(d);
   }
   p->p.ops->stream_sync(p->p.be, stream); /* cannot defer: wait, then free */

@@ -2,8 +2,9 @@
 /* Unit tests of the completion poller (spill/completions.c) on the host backend: work that
  * joins a stream's open item (the release of launches back to back) runs only once the work
  * enqueued before the join has completed, never with the earlier work alone; a mark seals
- * the open item; an item that ran, or one of another stream, takes no more work. A gate (a
- * host function that blocks its stream until the test opens it) stands for a long kernel. */
+ * the open item; an item that ran, or one of another stream, takes no more work; asked to,
+ * an item behind an idle stream runs at once. A gate (a host function that blocks its stream
+ * until the test opens it) stands for a long kernel. */
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -73,7 +74,7 @@ static int join_piece(void *open_arg, const void *add) {
 static void start_and_join_across_gate(work_t *w) {
   for (int tries = 0; tries < 1000; tries++) {
     *w = (work_t){.pieces = 1};
-    ASSERT_OK(spw__completions_after_open(comp, s1, &cell, run_work, w));
+    ASSERT_OK(spw__completions_after_open(comp, s1, &cell, 0, run_work, w));
     ASSERT_OK(ops->launch_host_func(be, s1, gate_wait, &g));
     int one = 1;
     int st = spw__completions_join(comp, s1, &cell, join_piece, &one);
@@ -124,7 +125,7 @@ static void a_mark_seals_the_open_item(void) {
 
 static void an_item_that_ran_takes_no_more_work(void) {
   work_t w = {.pieces = 1};
-  ASSERT_OK(spw__completions_after_open(comp, s1, &cell, run_work, &w));
+  ASSERT_OK(spw__completions_after_open(comp, s1, &cell, 0, run_work, &w));
   spw__completions_drain(comp);
   ASSERT_EQ(atomic_load(&w.ran), 1);
   ASSERT_PTR_EQ(cell.open, NULL); /* sealed when picked up, before it ran and was freed */
@@ -136,7 +137,7 @@ static void an_item_that_ran_takes_no_more_work(void) {
 static void an_item_of_another_stream_takes_no_work(void) {
   work_t w = {.pieces = 1};
   ASSERT_OK(ops->launch_host_func(be, s1, gate_wait, &g));
-  ASSERT_OK(spw__completions_after_open(comp, s1, &cell, run_work, &w));
+  ASSERT_OK(spw__completions_after_open(comp, s1, &cell, 0, run_work, &w));
   int one = 1;
   /* The cell outlives a stream's incarnation: an entry reused by s2 must not join s1's. */
   ASSERT_STATUS(spw__completions_join(comp, s2, &cell, join_piece, &one), SPW_ERR_NOT_READY);
@@ -149,14 +150,44 @@ static void an_item_of_another_stream_takes_no_work(void) {
 static void two_items_started_at_once_both_run(void) {
   work_t a = {.pieces = 1}, b = {.pieces = 1};
   ASSERT_OK(ops->launch_host_func(be, s1, gate_wait, &g));
-  ASSERT_OK(spw__completions_after_open(comp, s1, &cell, run_work, &a));
+  ASSERT_OK(spw__completions_after_open(comp, s1, &cell, 0, run_work, &a));
   /* A second start (another thread that found no open item) takes the cell over. */
-  ASSERT_OK(spw__completions_after_open(comp, s1, &cell, run_work, &b));
+  ASSERT_OK(spw__completions_after_open(comp, s1, &cell, 0, run_work, &b));
   gate_open(&g);
   spw__completions_drain(comp);
   ASSERT_EQ(atomic_load(&a.ran), 1);
   ASSERT_EQ(atomic_load(&b.ran), 1);
   ASSERT_PTR_EQ(cell.open, NULL);
+}
+
+/* Asked to run now when it can: behind an idle stream the work runs before the call
+ * returns, on the caller's thread, and no item is left open. */
+static void work_behind_an_idle_stream_runs_at_once_when_asked(void) {
+  work_t w = {.pieces = 1};
+  ASSERT_OK(ops->stream_sync(be, s1));
+  ASSERT_OK(spw__completions_after_open(comp, s1, &cell, 1, run_work, &w));
+  ASSERT_EQ(atomic_load(&w.ran), 1);
+  ASSERT_OK(w.status);
+  ASSERT_PTR_EQ(cell.open, NULL);
+  work_t v = {.pieces = 1};
+  ASSERT_OK(spw__completions_after_or_now(comp, s1, run_work, &v));
+  ASSERT_EQ(atomic_load(&v.ran), 1);
+}
+
+/* ... and behind a busy one it still waits for the stream. */
+static void work_behind_a_busy_stream_waits_even_when_asked_to_run_now(void) {
+  work_t w = {.pieces = 1}, v = {.pieces = 1};
+  ASSERT_OK(ops->launch_host_func(be, s1, gate_wait, &g));
+  ASSERT_OK(spw__completions_after_open(comp, s1, &cell, 1, run_work, &w));
+  ASSERT_OK(spw__completions_after_or_now(comp, s1, run_work, &v));
+  gate_await_entered(&g);
+  test_sleep_ms(20);
+  ASSERT_EQ(atomic_load(&w.ran), 0);
+  ASSERT_EQ(atomic_load(&v.ran), 0);
+  gate_open(&g);
+  spw__completions_drain(comp);
+  ASSERT_EQ(atomic_load(&w.ran), 1);
+  ASSERT_EQ(atomic_load(&v.ran), 1);
 }
 
 static const spw_test_t tests[] = {
@@ -165,5 +196,7 @@ static const spw_test_t tests[] = {
     TEST(an_item_that_ran_takes_no_more_work),
     TEST(an_item_of_another_stream_takes_no_work),
     TEST(two_items_started_at_once_both_run),
+    TEST(work_behind_an_idle_stream_runs_at_once_when_asked),
+    TEST(work_behind_a_busy_stream_waits_even_when_asked_to_run_now),
 };
 TEST_MAIN_FIXTURE(tests, open_fixture, close_fixture)

@@ -515,6 +515,22 @@ static void arena_memory_comes_back_for_the_next_allocation(void) {
   ASSERT_OK(spw_free(rt, b));
 }
 
+/* With the engine idle, the free returns the block at once rather than one poller round
+ * later: a library's allocate-free-allocate loop reuses it instead of growing arenas. */
+static void arena_memory_freed_while_idle_comes_back_at_once(void) {
+  spw_buf_t a = arena_filled(2 * MIB, 3);
+  void *first = NULL, *again = NULL;
+  ASSERT_OK(spw_acquire(rt, a, s, 0, &first));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_free(rt, a));
+  spw_buf_t b = arena_filled(2 * MIB, 4);
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &again));
+  ASSERT_PTR_EQ(again, first);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_OK(spw_free(rt, b));
+}
+
 static void arena_buffers_are_ordinary_and_refuse_stable(void) {
   spw_config_t cfg = SPW_CONFIG_INIT;
   cfg.stable_addresses = SPW_STABLE_ON;
@@ -544,6 +560,7 @@ static const spw_test_t tests[] = {
     TEST(batch_counts_only_what_moved),
     TEST(arena_buffers_keep_their_data_through_spills),
     TEST(arena_memory_comes_back_for_the_next_allocation),
+    TEST(arena_memory_freed_while_idle_comes_back_at_once),
     TEST(arena_buffers_are_ordinary_and_refuse_stable),
 };
 TEST_MAIN_HOOKS(tests, seed, NULL, open_fixture, close_fixture)

@@ -272,8 +272,10 @@ int spw__unlock_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_t 
   }
   memcpy(list, bufs, n * sizeof *list);
   *j = (unlock_job_t){rt, list, n, n > 16 ? n : 16};
-  st = spw__completions_after_open(rt->completions, e->bstream, &e->release_cell, unlock_job_run,
-                                   j);
+  /* A stream with nothing left to run (a library's free, a release after a synchronize)
+   * releases at once: no poller round during which the memory is held. */
+  st = spw__completions_after_open(rt->completions, e->bstream, &e->release_cell, 1,
+                                   unlock_job_run, j);
   if (st != SPW_OK) {
     free(list);
     free(j);
