@@ -8,8 +8,8 @@
  * 8 threads allocate and free 20000 times each, sizes and streams varying, while another
  * thread re-registers the runtime and reads the counters; frees of unknown pointers and
  * twice-freed pointers are mixed in. At the end: every allocation freed, every fake buffer
- * freed exactly once, every allocation tagged with the library's owner and every naming of
- * it "torch", the counters consistent. Exit 0 on success. */
+ * freed exactly once, every allocation tagged with the library's owner and asking for the
+ * arenas, every naming of it "torch", the counters consistent. Exit 0 on success. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -63,7 +63,8 @@ static int f_register(spw_runtime_t *rt, spw_stream_t s) {
 static atomic_ullong bad_flags, bad_names, namings;
 static int f_alloc_ex(spw_runtime_t *rt, size_t n, spw_stream_t s, unsigned flags,
                       spw_buf_t *out) {
-  if (flags != SPW_ALLOC_OWNER(SPWPY_OWNER_TORCH)) atomic_fetch_add(&bad_flags, 1);
+  if (flags != (SPW_ALLOC_ARENA | SPW_ALLOC_OWNER(SPWPY_OWNER_TORCH)))
+    atomic_fetch_add(&bad_flags, 1);
   return f_alloc(rt, n, s, out);
 }
 static int f_owner_name(spw_runtime_t *rt, unsigned id, const char *name) {
