@@ -67,6 +67,23 @@ def test_two_host_workers_compute_3x_their_budgets_each_with_its_own_gpu_variabl
     assert list(spill.iterdir()) == []  # the runtimes' spill files are gone with them
 
 
+def test_host_workers_run_without_distributeds_gpu_monitor():
+    # On a 1-GPU machine worker 1 gets the made-up ordinal "1" first in its
+    # CUDA_VISIBLE_DEVICES; NVML refused it and the worker failed to start.
+    import dask
+    from distributed import Client
+    with sd.local_cuda_cluster(2, backend="host", device_limit="4MiB",
+                               host_device_bytes="64MiB") as cluster, Client(cluster) as c:
+        got = c.run(lambda: dask.config.get("distributed.diagnostics.nvml"))
+    assert sorted(got.values()) == [False, False]
+    opts = {"config": {"distributed": {"diagnostics": {"nvml": True}}}}
+    with sd.local_cuda_cluster(1, backend="host", device_limit="4MiB",
+                               host_device_bytes="64MiB", worker_options=opts) as cluster, \
+            Client(cluster) as c:
+        got = c.run(lambda: dask.config.get("distributed.diagnostics.nvml"))
+    assert list(got.values()) == [True]
+
+
 @pytest.mark.skipif(len(GPUS) < 2, reason=f"needs 2 GPUs or more, {len(GPUS)} visible")
 def test_one_worker_per_gpu_each_on_a_different_physical_gpu(tmp_path):
     budget = spillway.parse_size(os.environ.get("SPILLWAY_DASK_BUDGET", "256MiB"))

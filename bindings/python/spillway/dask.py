@@ -726,7 +726,9 @@ def local_cuda_cluster(n_workers: Optional[int] = None, *,
       ``"host"``. On the host backend (for CI: device memory emulated in host memory) the
       workers still get a different ``CUDA_VISIBLE_DEVICES`` each (made-up ordinals "0",
       "1", ... where there are fewer GPUs than workers), ``n_workers`` defaults to the
-      number of GPUs, else 2, and ``host_device_bytes`` sets the emulated device size.
+      number of GPUs, else 2, ``host_device_bytes`` sets the emulated device size, and
+      distributed's GPU monitoring (``distributed.diagnostics.nvml``) is off in the workers
+      unless ``worker_options["config"]`` turns it on.
     - ``device_limit``: each worker's device budget: one size for all, or a sequence with
       one size per worker; None takes the Dask configuration / SPILLWAY_DEVICE_LIMIT /
       Spillway's default. ``host_limit``, ``disk_limit``, ``spill_dir`` (default: each
@@ -819,6 +821,15 @@ def local_cuda_cluster(n_workers: Optional[int] = None, *,
     if "memory_limit" not in wopts:
         wopts["memory_limit"] = parse_memory_limit(memory_limit, 1, n, logger=log)
 
+    if backend == "host":
+        # Such a worker touches no GPU, and distributed's GPU monitor would look its first
+        # CUDA_VISIBLE_DEVICES entry up through NVML: a made-up ordinal where the machine
+        # has fewer GPUs than workers, which NVML refuses, failing the worker's start. The
+        # caller's own setting, if any, wins. Whole: the Nanny merges its config into the
+        # worker's only at the top level.
+        wopts["config"] = dask.config.merge(dask.config.config,
+                                            {"distributed": {"diagnostics": {"nvml": False}}},
+                                            wopts.get("config") or {})
     workers = {}
     for i in range(n):
         rotated = ids[i:] + ids[:i]
