@@ -58,6 +58,15 @@ int spw__stable_unmap(spw_stable_t *sp, void *va);
 
 /* Whether `ptr` is the address of a stable buffer's range (lock-free when there are none). */
 int spw__stable_owns(spw_stable_t *sp, const void *ptr);
+
+/* What another process needs to map the mapped memory of the buffer at `va` (config.ipc):
+ * a descriptor and an offset per chunk behind it (chunk_export: a large buffer's chunks in
+ * order, a small buffer's page chunk), the granule, and the buffer's offset in the first.
+ * The arrays are malloc'ed; the caller closes the descriptors and frees both. Errors:
+ * SPW_ERR_NOT_LOCKED (not mapped: not resident), SPW_ERR_INVALID_ARG (not a buffer's
+ * range), SPW_ERR_SYSTEM, the backend's (SPW_ERR_UNSUPPORTED: chunks not exportable). */
+int spw__stable_share(spw_stable_t *sp, const void *va, int **fds, uint64_t **fd_offsets,
+                      size_t *n, size_t *gran, size_t *offset);
 /* Gives every pooled chunk back to the device; returns the bytes released. */
 uint64_t spw__stable_trim(spw_stable_t *sp);
 

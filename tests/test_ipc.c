@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Sharing buffers between processes (spw_ipc_export / spw_ipc_open): another process reads
  * what this one wrote into a buffer and writes back what this one then reads, on both
- * backends. The other process is this executable again, started with --ipc-child and the
- * handle in hex on its command line (a handle is plain bytes: any channel carries it). */
+ * backends, for buffers of the exportable pool and for address-stable ones (their chunks,
+ * handed over by the exporter's socket). The other process is this executable again,
+ * started with --ipc-child and the handle in hex on its command line (a handle is plain
+ * bytes: any channel carries it). */
 #include <spawn.h>
 #include <stdint.h>
 #include <string.h>
@@ -49,7 +51,8 @@ static int child_fail(spw_runtime_t *rt, const char *what, int st) {
 }
 
 /* The child: opens the handle, checks the bytes are pattern `expect`, writes pattern
- * `write` over them, closes. Exit 0, or 1 and a message. */
+ * `write` over them, closes. Exit 0, or 1 and a message. With `expect` 0 the open must be
+ * refused: the exit code is then the status, negated. */
 static int child_main(const char *hex, uint64_t expect, uint64_t write) {
   spw_ipc_handle_t h;
   if (from_hex(hex, &h, sizeof h) != 0) return child_fail(NULL, "handle text", SPW_ERR_INVALID_ARG);
@@ -65,7 +68,15 @@ static int child_main(const char *hex, uint64_t expect, uint64_t write) {
   uint8_t *buf = malloc(n);
   if (!buf) return child_fail(rt, "malloc", SPW_ERR_SYSTEM);
   if ((st = spw_stream_create(rt, &s)) != SPW_OK) return child_fail(rt, "stream", st);
-  if ((st = spw_ipc_open(rt, &h, &d)) != SPW_OK) return child_fail(rt, "open", st);
+  if ((st = spw_ipc_open(rt, &h, &d)) != SPW_OK) {
+    if (expect != 0) return child_fail(rt, "open", st);
+    /* Refused, as the parent expects: its status is the exit code, the pointer untouched. */
+    int code = d == NULL && st < 0 && st > -100 ? -st : 100;
+    spw_stream_destroy(rt, s);
+    free(buf);
+    return spw_runtime_destroy(rt) == SPW_OK ? code : 101;
+  }
+  if (expect == 0) return child_fail(rt, "open (expected to be refused)", SPW_OK);
   if ((st = spw_memcpy_async(rt, buf, d, n, s)) == SPW_OK) st = spw_stream_synchronize(rt, s);
   if (st != SPW_OK) return child_fail(rt, "read", st);
   size_t bad = test_first_mismatch(buf, n, expect);
@@ -211,22 +222,104 @@ static void export_of_an_unlocked_or_spilled_buffer_is_not_locked(void) {
   fixture_end(&f);
 }
 
-static void export_of_an_address_stable_buffer_is_unsupported(void) {
-  spw_runtime_t *rt = ipc_runtime(SPW_IPC_ON);
-  spw_stream_t s;
-  ASSERT_OK(spw_stream_create(rt, &s));
+/* ---- address-stable buffers: their chunks, through the exporter's socket ------------- */
+
+#define STABLE_SMALL ((size_t)16 << 10) /* a block of a shared page */
+#define STABLE_LARGE ((size_t)5 << 20)  /* several chunks on either backend */
+
+/* A stable buffer of `bytes` holding pattern `seed`, unlocked; NULL-handle and a skip where
+ * the device has no virtual memory management. */
+static spw_buf_t stable_filled(fixture_t *f, size_t bytes, uint64_t seed) {
   spw_buf_t b;
-  int st = spw_alloc_ex(rt, SMALL_BYTES, s, SPW_ALLOC_STABLE, &b);
+  int st = spw_alloc_ex(f->rt, bytes, f->s, SPW_ALLOC_STABLE, &b);
   TEST_SKIP_IF(st == SPW_ERR_UNSUPPORTED, "no virtual memory management on this device");
   ASSERT_OK(st);
-  void *d = NULL;
-  ASSERT_OK(spw_acquire(rt, b, s, 0, &d));
+  uint8_t *src = malloc(bytes);
+  ASSERT_TRUE(src != NULL);
+  test_fill(src, bytes, seed);
+  test_write(f->rt, b, f->s, src, bytes);
+  free(src);
+  return b;
+}
+
+static fixture_t stable_fixture(spw_ipc_mode_t mode, size_t bytes, uint64_t seed) {
+  fixture_t f = {ipc_runtime(mode), NULL, SPW_BUF_NULL};
+  ASSERT_OK(spw_stream_create(f.rt, &f.s));
+  f.b = stable_filled(&f, bytes, seed);
+  return f;
+}
+
+static void stable_shared_both_ways(size_t bytes) {
+  fixture_t f = stable_fixture(SPW_IPC_ON, bytes, 41);
+  void *d = locked(&f);
+  spw_ipc_handle_t h, again;
+  ASSERT_OK(spw_ipc_export(f.rt, f.b, &h));
+  ASSERT_EQ(h.kind, SPW_IPC_KIND_CHUNKS);
+  ASSERT_UEQ(h.bytes, bytes);
+  ASSERT_OK(spw_ipc_export(f.rt, f.b, &again)); /* the same export, the same handle */
+  ASSERT_EQ(memcmp(&h, &again, sizeof h), 0);
+  ASSERT_EQ(run_child(&h, 41, 42), 0);
+  ASSERT_OK(spw_stream_synchronize(f.rt, f.s)); /* the lock ends: the child has closed */
+  test_expect_fill(f.rt, f.b, f.s, bytes, 42);
+  /* Its address did not change, spilled and back, and the next export still serves. */
+  ASSERT_OK(spw_spill(f.rt, f.b, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(f.rt));
+  ASSERT_PTR_EQ(locked(&f), d);
+  ASSERT_OK(spw_ipc_export(f.rt, f.b, &again));
+  ASSERT_EQ(run_child(&again, 42, 43), 0);
+  ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
+  test_expect_fill(f.rt, f.b, f.s, bytes, 43);
+  fixture_end(&f);
+}
+
+static void small_stable_buffer_is_read_and_written_by_another_process(void) {
+  stable_shared_both_ways(STABLE_SMALL);
+}
+
+static void large_stable_buffer_is_read_and_written_by_another_process(void) {
+  stable_shared_both_ways(STABLE_LARGE);
+}
+
+/* The lock is what keeps an exported buffer in place: once it is gone, or the buffer is,
+ * the exporter refuses the handle, and a made-up token is refused all along. */
+static void a_stable_handle_is_refused_unless_its_buffer_is_locked(void) {
+  fixture_t f = stable_fixture(SPW_IPC_ON, STABLE_LARGE, 7);
+  (void)locked(&f);
   spw_ipc_handle_t h;
-  ASSERT_STATUS(spw_ipc_export(rt, b, &h), SPW_ERR_UNSUPPORTED);
-  ASSERT_STATUS(spw_ipc_export_ptr(rt, d, SMALL_BYTES, &h), SPW_ERR_INVALID_ARG);
-  ASSERT_OK(spw_stream_synchronize(rt, s));
-  ASSERT_OK(spw_free(rt, b));
-  ASSERT_OK(spw_runtime_destroy(rt));
+  ASSERT_OK(spw_ipc_export(f.rt, f.b, &h));
+  spw_ipc_handle_t forged = h;
+  forged.handle[24] ^= 1; /* in the token */
+  ASSERT_EQ(run_child(&forged, 0, 0), -SPW_ERR_INVALID_ARG);
+  ASSERT_OK(spw_stream_synchronize(f.rt, f.s)); /* unlocked, still resident */
+  ASSERT_EQ(run_child(&h, 0, 0), -SPW_ERR_NOT_LOCKED);
+  ASSERT_OK(spw_spill(f.rt, f.b, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(f.rt));
+  ASSERT_EQ(run_child(&h, 0, 0), -SPW_ERR_NOT_LOCKED);
+  ASSERT_OK(spw_free(f.rt, f.b));
+  f.b = SPW_BUF_NULL;
+  ASSERT_EQ(run_child(&h, 0, 0), -SPW_ERR_FREED);
+  fixture_end(&f);
+}
+
+/* Once the exporting runtime is gone, its socket is too. */
+static void a_stable_handle_outlives_no_exporter(void) {
+  fixture_t f = stable_fixture(SPW_IPC_ON, STABLE_SMALL, 7);
+  (void)locked(&f);
+  spw_ipc_handle_t h;
+  ASSERT_OK(spw_ipc_export(f.rt, f.b, &h));
+  fixture_end(&f);
+  ASSERT_EQ(run_child(&h, 0, 0), -SPW_ERR_CUDA);
+}
+
+static void stable_export_without_config_ipc_is_unsupported(void) {
+  fixture_t f = stable_fixture(SPW_IPC_OFF, STABLE_SMALL, 1);
+  void *d = locked(&f);
+  spw_ipc_handle_t h;
+  ASSERT_STATUS(spw_ipc_export(f.rt, f.b, &h), SPW_ERR_UNSUPPORTED);
+  ASSERT_TRUE(strstr(spw_last_error(f.rt), "SPILLWAY_IPC") != NULL);
+  /* By pointer: not in a region of CUDA IPC, whatever the runtime's setting. */
+  ASSERT_STATUS(spw_ipc_export_ptr(f.rt, d, STABLE_SMALL, &h), SPW_ERR_UNSUPPORTED);
+  fixture_end(&f);
 }
 
 static void export_arguments_are_checked(void) {
@@ -282,6 +375,12 @@ static void open_arguments_and_forged_handles_are_refused(void) {
   bad = h;
   bad.offset = UINT64_MAX;
   ASSERT_STATUS(spw_ipc_open(rt, &bad, &d), SPW_ERR_INVALID_ARG);
+  bad = h;
+  bad.kind = 2;
+  ASSERT_STATUS(spw_ipc_open(rt, &bad, &d), SPW_ERR_INVALID_ARG);
+  bad = h;
+  bad.kind = SPW_IPC_KIND_CHUNKS; /* zero bytes: not a stable buffer's handle */
+  ASSERT_STATUS(spw_ipc_open(rt, &bad, &d), SPW_ERR_INVALID_ARG);
   /* Zero bytes are no handle either backend made: host refuses its form, CUDA the handle. */
   int st = spw_ipc_open(rt, &h, &d);
   ASSERT_TRUE(st == SPW_ERR_INVALID_ARG || st == SPW_ERR_CUDA);
@@ -335,7 +434,11 @@ static const spw_test_t tests[] = {
     TEST(pointer_inside_a_buffer_exports_from_there),
     TEST(export_without_config_ipc_is_unsupported),
     TEST(export_of_an_unlocked_or_spilled_buffer_is_not_locked),
-    TEST(export_of_an_address_stable_buffer_is_unsupported),
+    TEST(small_stable_buffer_is_read_and_written_by_another_process),
+    TEST(large_stable_buffer_is_read_and_written_by_another_process),
+    TEST(a_stable_handle_is_refused_unless_its_buffer_is_locked),
+    TEST(a_stable_handle_outlives_no_exporter),
+    TEST(stable_export_without_config_ipc_is_unsupported),
     TEST(export_arguments_are_checked),
     TEST(open_of_a_handle_of_this_process_is_unsupported),
     TEST(open_arguments_and_forged_handles_are_refused),

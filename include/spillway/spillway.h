@@ -562,32 +562,49 @@ SPW_API int spw_peer_reclaim(spw_runtime_t *lender, spw_runtime_t *borrower);
  * no file descriptor travels. What the other process sees is the exporter's memory itself,
  * so the exporter must keep the buffer locked, and neither free nor spill it, for as long
  * as any process has the handle open: a lock is what keeps it in place, as for the
- * exporter's own kernels. Address-stable buffers (virtual memory management) cannot be
- * exported this way. On the host backend the regions are shared memory (memfd) and the
+ * exporter's own kernels. On the host backend the regions are shared memory (memfd) and the
  * importer maps them through /proc/<pid>/fd, so the same calls work between processes
  * there too.
+ *
+ * An address-stable buffer (virtual memory management) is exported too, with the same
+ * calls and the same rule, another way underneath: its physical chunks are shared as file
+ * descriptors (cuMemExportToShareableHandle), which cannot travel as bytes. Its handle
+ * (kind SPW_IPC_KIND_CHUNKS) names the exporting runtime's Unix socket (abstract, per
+ * process and runtime) and a random 128-bit token; spw_ipc_open asks that socket, and a
+ * thread of the exporting runtime answers with the chunks' descriptors (SCM_RIGHTS) while
+ * the buffer is resident and locked, refusing otherwise. The importer maps the chunks at
+ * an address of its own. So a handle works while its exporter lives, from any process on
+ * the machine that can reach the socket; the token is the capability.
  * ------------------------------------------------------------------------------------- */
 
 #define SPW_IPC_HANDLE_BYTES 64
 
+#define SPW_IPC_KIND_REGION 0u /* a region of CUDA IPC (cudaIpcMemHandle_t) */
+#define SPW_IPC_KIND_CHUNKS 1u /* an address-stable buffer's chunks, asked of the exporter */
+
 typedef struct spw_ipc_handle {
-  unsigned char handle[SPW_IPC_HANDLE_BYTES]; /* cudaIpcMemHandle_t of the region holding
-                                                 the memory (host backend: its own form) */
-  uint64_t offset;       /* of the exported memory inside that region */
+  unsigned char handle[SPW_IPC_HANDLE_BYTES]; /* REGION: cudaIpcMemHandle_t of the region
+                                                 holding the memory (host backend: its own
+                                                 form); CHUNKS: the exporter's socket and
+                                                 the export's token */
+  uint64_t offset;       /* REGION: of the exported memory inside that region; CHUNKS: 0 */
   uint64_t bytes;        /* of the exported memory */
   int32_t backend;       /* spw_backend_kind_t of the exporter */
   int32_t device;        /* the exporter's device ordinal */
   uint32_t pid;          /* the exporter's process id */
-  uint32_t reserved;     /* 0 */
+  uint32_t kind;         /* SPW_IPC_KIND_REGION or SPW_IPC_KIND_CHUNKS */
 } spw_ipc_handle_t;
 
 /* Exports `buf`'s device memory: fills *out for spw_ipc_open in another process. The buffer
  * must be resident and locked on some stream (spw_acquire), and stay so while the handle is
  * open anywhere. The call waits for Spillway's own copy into the buffer (an unspill still
  * landing); ordering the exporter's kernels before the importer's reads is the program's, as
- * with any CUDA IPC (a stream synchronize, or an event shared through IPC). Errors: handle errors, SPW_ERR_INVALID_ARG (out NULL), SPW_ERR_UNSUPPORTED
- * (config.ipc off; an address-stable buffer), SPW_ERR_NOT_LOCKED (no stream holds a lock on
- * it, or it is not resident), SPW_ERR_CUDA, SPW_ERR_SYSTEM. Thread-safe. */
+ * with any CUDA IPC (a stream synchronize, or an event shared through IPC). An
+ * address-stable buffer's export starts the runtime's IPC thread and socket the first time;
+ * exporting a buffer again gives the same handle. Errors: handle errors,
+ * SPW_ERR_INVALID_ARG (out NULL), SPW_ERR_UNSUPPORTED (config.ipc off), SPW_ERR_NOT_LOCKED
+ * (no stream holds a lock on it, or it is not resident), SPW_ERR_CUDA, SPW_ERR_SYSTEM (the
+ * socket or thread could not be made). Thread-safe. */
 SPW_API int spw_ipc_export(spw_runtime_t *rt, spw_buf_t buf, spw_ipc_handle_t *out);
 
 /* Exports the device memory [dptr, dptr + bytes) of this runtime, for a caller that holds
@@ -604,9 +621,13 @@ SPW_API int spw_ipc_export_ptr(spw_runtime_t *rt, const void *dptr, size_t bytes
  * access). The memory is the exporter's: it does not count against this runtime's limits
  * and is never spilled. Close it with spw_ipc_close before the exporter lets it go. A
  * process cannot open its own handles (CUDA refuses; use the buffer itself). Errors:
- * SPW_ERR_INVALID_ARG (NULL, a handle of another backend kind or with a bad offset or size),
- * SPW_ERR_UNSUPPORTED (a handle from this same process), SPW_ERR_CUDA (the driver refused
- * it: the exporter has exited or freed the region), SPW_ERR_SYSTEM. Thread-safe. */
+ * SPW_ERR_INVALID_ARG (NULL, a handle of another backend kind, of an unknown kind, with a
+ * bad offset or size, or whose token the exporter does not know), SPW_ERR_UNSUPPORTED (a
+ * handle from this same process; an address-stable buffer's handle on a device without
+ * virtual memory management), SPW_ERR_NOT_LOCKED / SPW_ERR_FREED (an address-stable
+ * buffer's exporter no longer holds it resident and locked, or freed it), SPW_ERR_CUDA (the
+ * driver refused it, or the exporter has exited), SPW_ERR_SYSTEM. Blocks for the exporter's
+ * answer (at most 10 s without progress). Thread-safe. */
 SPW_API int spw_ipc_open(spw_runtime_t *rt, const spw_ipc_handle_t *handle, void **dptr);
 
 /* Closes what spw_ipc_open opened at `dptr`; every other use of that pointer must be over.

@@ -2,6 +2,7 @@
 /* Sharing buffers between processes: argument and state checks, then core/ipc.c. */
 #include "api.h"
 #include "ipc.h"
+#include "ipc_share.h"
 
 int spw_ipc_export(spw_runtime_t *rt, spw_buf_t buf, spw_ipc_handle_t *out) {
   if (!rt || !out) return SPW_ERR_INVALID_ARG;
@@ -10,10 +11,6 @@ int spw_ipc_export(spw_runtime_t *rt, spw_buf_t buf, spw_ipc_handle_t *out) {
   int st = spw__handles_lookup(&rt->handles, buf, &s, &w);
   if (st != SPW_OK) return st;
   if (w & SPW_W_FREE_PENDING) return SPW_ERR_FREED;
-  if (spw__slot_va(s))
-    return spw__set_error(rt, SPW_ERR_UNSUPPORTED,
-                          "an address-stable buffer's memory (virtual memory management) "
-                          "cannot be exported through CUDA IPC");
   /* A lock keeps a resident buffer where it is: no mover takes it while one is held, so
    * the pointer read under the slot mutex stays true after it. */
   pthread_mutex_lock(&s->mu);
@@ -30,6 +27,8 @@ int spw_ipc_export(spw_runtime_t *rt, spw_buf_t buf, spw_ipc_handle_t *out) {
                           "only a resident buffer that a stream holds locked can be exported "
                           "(spw_acquire it first)");
   if (landing && (st = rt->ops->event_sync(rt->be, landing)) != SPW_OK) return st;
+  /* Virtual memory management's chunks are shared another way than CUDA IPC's regions. */
+  if (spw__slot_va(s)) return spw__ipc_export_stable(rt, buf, size, out);
   return spw__ipc_export_range(rt, dptr, size, out);
 }
 

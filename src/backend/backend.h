@@ -36,6 +36,7 @@ typedef struct spw_backend_params {
   uint64_t host_device_bytes; /* host backend: emulated device capacity */
   spw_error_sink_fn on_error; /* receives device error name and text; may be NULL */
   void *err_ctx;
+  int vm_shareable;           /* chunks are created exportable (chunk_export), for config.ipc */
 } spw_backend_params_t;
 
 /* One copy of a batch; all of one batch go in the same direction. */
@@ -177,6 +178,12 @@ typedef struct spw_backend_ops {
    *  - chunk_unmap: unmaps [va, va + bytes), whole chunks only. Precondition: no work on any
    *    stream may still touch the range (the caller waits for it first); afterwards a
    *    device access there faults, and on the host backend a host access is SIGSEGV.
+   *  - chunk_export: a new file descriptor (the caller closes it) and an offset in it that
+   *    another process's chunk_import turns into the same physical chunk; only chunks of a
+   *    backend created with vm_shareable (SPW_ERR_UNSUPPORTED otherwise);
+   *  - chunk_import: a chunk of `bytes` from such a descriptor and offset (the caller may
+   *    close the descriptor afterwards), mapped and released like any other chunk; it does
+   *    not count against this device.
    * The chunk handle is opaque (a CUmemGenericAllocationHandle; host: an offset). */
   int (*vm_granularity)(spw_backend_t *b, size_t *out);
   int (*vm_reserve)(spw_backend_t *b, size_t bytes, void **out);
@@ -185,6 +192,9 @@ typedef struct spw_backend_ops {
   void (*chunk_release)(spw_backend_t *b, uint64_t chunk, size_t bytes);
   int (*chunk_map)(spw_backend_t *b, void *va, size_t bytes, uint64_t chunk);
   int (*chunk_unmap)(spw_backend_t *b, void *va, size_t bytes);
+  int (*chunk_export)(spw_backend_t *b, uint64_t chunk, int *fd, uint64_t *fd_offset);
+  int (*chunk_import)(spw_backend_t *b, int fd, uint64_t fd_offset, size_t bytes,
+                      uint64_t *chunk);
 } spw_backend_ops_t;
 
 /* The implementations; the CUDA one exists only in builds with CUDA (SPW_HAVE_CUDA). */

@@ -59,6 +59,9 @@ typedef struct spw_cuda_backend {
   PFN_cuMemMap_v10020 mem_map;
   PFN_cuMemUnmap_v10020 mem_unmap;
   PFN_cuMemSetAccess_v10020 mem_set_access;
+  PFN_cuMemExportToShareableHandle_v10020 mem_export;   /* NULL: no chunk_export */
+  PFN_cuMemImportFromShareableHandle_v10020 mem_import; /* NULL: no chunk_import */
+  int vm_shareable; /* chunks are created exportable as POSIX file descriptors */
   PFN_cuCtxGetCurrent_v4000 ctx_get_current;
   PFN_cuCtxSetCurrent_v4000 ctx_set_current;
   PFN_cuGetErrorName_v6000 get_error_name;
@@ -114,7 +117,7 @@ static void *driver_entry(const char *name) {
 
 /* Finds the entry points and the granularity once, at create; an old driver or a device
  * without VMM leaves vm_status SPW_ERR_UNSUPPORTED, and only stable buffers notice. */
-static void vm_probe(spw_cuda_backend_t *cb) {
+static void vm_probe(spw_cuda_backend_t *cb, int want_shareable) {
   cb->vm_status = SPW_ERR_UNSUPPORTED;
   LOAD_ENTRY(cb->mem_address_reserve, "cuMemAddressReserve");
   LOAD_ENTRY(cb->mem_address_free, "cuMemAddressFree");
@@ -123,6 +126,8 @@ static void vm_probe(spw_cuda_backend_t *cb) {
   LOAD_ENTRY(cb->mem_map, "cuMemMap");
   LOAD_ENTRY(cb->mem_unmap, "cuMemUnmap");
   LOAD_ENTRY(cb->mem_set_access, "cuMemSetAccess");
+  LOAD_ENTRY(cb->mem_export, "cuMemExportToShareableHandle");
+  LOAD_ENTRY(cb->mem_import, "cuMemImportFromShareableHandle");
   LOAD_ENTRY(cb->ctx_get_current, "cuCtxGetCurrent");
   LOAD_ENTRY(cb->ctx_set_current, "cuCtxSetCurrent");
   LOAD_ENTRY(cb->get_error_name, "cuGetErrorName");
@@ -150,6 +155,13 @@ static void vm_probe(spw_cuda_backend_t *cb) {
   /* cudaSetDevice made the primary context current on this thread. */
   if (cb->ctx_get_current(&cb->ctx) != CUDA_SUCCESS || !cb->ctx) return;
   cb->vm_status = SPW_OK;
+  /* Exportable chunks only where they are asked for (config.ipc) and the device can make
+   * them: a chunk asked for with a handle type the device lacks is refused outright. */
+  int fd_ok = 0;
+  if (want_shareable && cb->mem_export &&
+      attr(&fd_ok, CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED, cb->device) ==
+          CUDA_SUCCESS)
+    cb->vm_shareable = fd_ok != 0;
 }
 
 static int drv_fail(const spw_cuda_backend_t *cb, const char *call, CUresult r) {
@@ -283,6 +295,7 @@ static int cuda_chunk_create(spw_backend_t *b, size_t bytes, uint64_t *out) {
   prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
   prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
   prop.location.id = cb->device;
+  if (cb->vm_shareable) prop.requestedHandleTypes = CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR;
   CUmemGenericAllocationHandle h = 0;
   CUresult r = cb->mem_create(&h, bytes, &prop, 0);
   if (r != CUDA_SUCCESS) return drv_fail(cb, "cuMemCreate", r);
@@ -325,6 +338,36 @@ static int cuda_chunk_unmap(spw_backend_t *b, void *va, size_t bytes) {
   if (s != SPW_OK) return s;
   CUresult r = cb->mem_unmap((CUdeviceptr)(uintptr_t)va, bytes);
   return r == CUDA_SUCCESS ? SPW_OK : drv_fail(cb, "cuMemUnmap", r);
+}
+
+static int cuda_chunk_export(spw_backend_t *b, uint64_t chunk, int *fd, uint64_t *fd_offset) {
+  spw_cuda_backend_t *cb = cb_of(b);
+  if (!fd || !fd_offset) return SPW_ERR_INVALID_ARG;
+  int s = vm_enter(cb);
+  if (s != SPW_OK) return s;
+  if (!cb->vm_shareable) return SPW_ERR_UNSUPPORTED;
+  int out = -1;
+  CUresult r = cb->mem_export(&out, (CUmemGenericAllocationHandle)chunk,
+                              CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR, 0);
+  if (r != CUDA_SUCCESS) return drv_fail(cb, "cuMemExportToShareableHandle", r);
+  *fd = out;
+  *fd_offset = 0; /* a descriptor names its whole chunk */
+  return SPW_OK;
+}
+
+static int cuda_chunk_import(spw_backend_t *b, int fd, uint64_t fd_offset, size_t bytes,
+                             uint64_t *chunk) {
+  (void)bytes; /* the descriptor carries its chunk's size */
+  spw_cuda_backend_t *cb = cb_of(b);
+  if (fd < 0 || fd_offset != 0 || !chunk) return SPW_ERR_INVALID_ARG;
+  int s = vm_enter(cb);
+  if (s != SPW_OK) return s;
+  if (!cb->mem_import) return SPW_ERR_UNSUPPORTED;
+  CUmemGenericAllocationHandle h = 0;
+  CUresult r = cb->mem_import(&h, (void *)(uintptr_t)fd, CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+  if (r != CUDA_SUCCESS) return drv_fail(cb, "cuMemImportFromShareableHandle", r);
+  *chunk = (uint64_t)h;
+  return SPW_OK;
 }
 
 static int cuda_create(const spw_backend_params_t *p, spw_backend_t **out) {
@@ -383,7 +426,7 @@ static int cuda_create(const spw_backend_params_t *p, spw_backend_t **out) {
    * The probe also loads the kernel now, off the spill path. */
   int probe_err = 0;
   cb->use_kernel = host_ptr && spw__copy_kernel_probe(&probe_err) == SPW_OK;
-  vm_probe(cb);
+  vm_probe(cb, p->vm_shareable);
   *out = (spw_backend_t *)cb;
   return SPW_OK;
 }
@@ -723,6 +766,8 @@ const spw_backend_ops_t spw__backend_cuda_ops = {
     .chunk_create = cuda_chunk_create,
     .chunk_release = cuda_chunk_release,
     .chunk_map = cuda_chunk_map,
+    .chunk_export = cuda_chunk_export,
+    .chunk_import = cuda_chunk_import,
     .chunk_unmap = cuda_chunk_unmap,
 };
 

@@ -167,6 +167,12 @@ static int sh_chunk_map(spw_backend_t *b, void *va, size_t n, uint64_t c) {
 static int sh_chunk_unmap(spw_backend_t *b, void *va, size_t n) {
   return SHIM(b)->ops->chunk_unmap(INNER(b), va, n);
 }
+static int sh_chunk_export(spw_backend_t *b, uint64_t c, int *fd, uint64_t *off) {
+  return SHIM(b)->ops->chunk_export(INNER(b), c, fd, off);
+}
+static int sh_chunk_import(spw_backend_t *b, int fd, uint64_t off, size_t n, uint64_t *c) {
+  return SHIM(b)->ops->chunk_import(INNER(b), fd, off, n, c);
+}
 
 static int sh_peer_access(spw_backend_t *b, int dev) {
   return SHIM(b)->ops->peer_access(INNER(b), dev);
@@ -223,6 +229,8 @@ static const spw_backend_ops_t shim_ops = {
     .chunk_release = sh_chunk_release,
     .chunk_map = sh_chunk_map,
     .chunk_unmap = sh_chunk_unmap,
+    .chunk_export = sh_chunk_export,
+    .chunk_import = sh_chunk_import,
     .peer_access = sh_peer_access,
     .peer_alloc = sh_peer_alloc,
     .peer_free = sh_peer_free,

@@ -46,6 +46,8 @@
  * suite's buffers (4 KiB to a few MiB, under budgets of a few MiB) exercise both the shared
  * small pages and the multi-chunk ranges, and a multiple of any page size Linux uses. */
 #define HOST_VM_GRANULE ((size_t)64 << 10)
+/* Tags an imported chunk's handle (host_chunk_import); offsets of our own never reach it. */
+#define HOST_CHUNK_IMPORTED (1ull << 63)
 
 /* Precedes every block handed out; HOST_ALIGN bytes so that the block stays aligned. */
 typedef struct host_block {
@@ -145,6 +147,15 @@ struct spw_backend {
   uint64_t vm_next;           /* file offsets [0, vm_next) have been handed out once */
   uint64_t *vm_free;          /* offsets given back, reused first */
   size_t vm_nfree, vm_cap;
+  int vm_shareable;           /* chunk_export allowed (config.ipc) */
+  /* Chunks imported from other processes (chunk_import): another memfd and an offset in
+   * it. Their handles carry HOST_CHUNK_IMPORTED and index this table; a free entry has
+   * fd -1. Under mu. */
+  struct host_import {
+    int fd;
+    uint64_t offset;
+  } *imports;
+  size_t nimports, imports_cap;
 
   spw_host_ipc_t *ipc; /* regions shared with other processes; NULL until the first */
 };
@@ -384,6 +395,7 @@ static int host_create(const spw_backend_params_t *p, spw_backend_t **out) {
   b->device = p->device;
   b->capacity = p->host_device_bytes ? p->host_device_bytes : HOST_DEFAULT_CAPACITY;
   b->vm_fd = -1;
+  b->vm_shareable = p->vm_shareable;
   int err = pthread_mutex_init(&b->mu, NULL);
   if (err) {
     int st = report_errno(b, "pthread_mutex_init", err);
@@ -418,6 +430,9 @@ static void host_destroy(spw_backend_t *b) {
   }
   if (b->vm_fd >= 0) close(b->vm_fd);
   free(b->vm_free);
+  for (size_t i = 0; i < b->nimports; i++)
+    if (b->imports[i].fd >= 0) close(b->imports[i].fd);
+  free(b->imports);
   spw__host_ipc_destroy(b->ipc);
   pthread_mutex_destroy(&b->mu);
   free(b);
@@ -903,7 +918,24 @@ static int host_chunk_create(spw_backend_t *b, size_t bytes, uint64_t *out) {
   return st;
 }
 
+/* An imported chunk's entry, or NULL for one of our own (mu held). */
+static struct host_import *imported(spw_backend_t *b, uint64_t chunk) {
+  if (!(chunk & HOST_CHUNK_IMPORTED)) return NULL;
+  uint64_t i = chunk & ~HOST_CHUNK_IMPORTED;
+  return i < b->nimports && b->imports[i].fd >= 0 ? &b->imports[i] : NULL;
+}
+
 static void host_chunk_release(spw_backend_t *b, uint64_t chunk, size_t bytes) {
+  if (chunk & HOST_CHUNK_IMPORTED) {
+    /* The exporter's memory: only our hold on it goes. */
+    pthread_mutex_lock(&b->mu);
+    struct host_import *im = imported(b, chunk);
+    int fd = im ? im->fd : -1;
+    if (im) im->fd = -1;
+    pthread_mutex_unlock(&b->mu);
+    if (fd >= 0) close(fd);
+    return;
+  }
   /* The granule's memory goes back to the system, as cuMemRelease gives it to the device. */
   (void)fallocate(b->vm_fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE, (off_t)chunk,
                   (off_t)bytes);
@@ -918,8 +950,17 @@ static void host_chunk_release(spw_backend_t *b, uint64_t chunk, size_t bytes) {
 }
 
 static int host_chunk_map(spw_backend_t *b, void *va, size_t bytes, uint64_t chunk) {
-  void *p = mmap(va, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, b->vm_fd,
-                 (off_t)chunk);
+  int fd = b->vm_fd;
+  uint64_t offset = chunk;
+  if (chunk & HOST_CHUNK_IMPORTED) {
+    pthread_mutex_lock(&b->mu);
+    struct host_import *im = imported(b, chunk);
+    fd = im ? im->fd : -1;
+    offset = im ? im->offset : 0;
+    pthread_mutex_unlock(&b->mu);
+    if (fd < 0) return SPW_ERR_INVALID_ARG;
+  }
+  void *p = mmap(va, bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED, fd, (off_t)offset);
   return p == MAP_FAILED ? report_errno(b, "mmap", errno) : SPW_OK;
 }
 
@@ -929,6 +970,48 @@ static int host_chunk_unmap(spw_backend_t *b, void *va, size_t bytes) {
   void *p = mmap(va, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE,
                  -1, 0);
   return p == MAP_FAILED ? report_errno(b, "mmap", errno) : SPW_OK;
+}
+
+static int host_chunk_export(spw_backend_t *b, uint64_t chunk, int *fd, uint64_t *fd_offset) {
+  if (!fd || !fd_offset || (chunk & HOST_CHUNK_IMPORTED)) return SPW_ERR_INVALID_ARG;
+  if (!b->vm_shareable) return SPW_ERR_UNSUPPORTED;
+  pthread_mutex_lock(&b->mu);
+  int own = b->vm_fd;
+  pthread_mutex_unlock(&b->mu);
+  if (own < 0) return SPW_ERR_INVALID_ARG; /* no chunk was ever created */
+  int d = fcntl(own, F_DUPFD_CLOEXEC, 0);
+  if (d < 0) return report_errno(b, "fcntl(F_DUPFD_CLOEXEC)", errno);
+  *fd = d;
+  *fd_offset = chunk;
+  return SPW_OK;
+}
+
+static int host_chunk_import(spw_backend_t *b, int fd, uint64_t fd_offset, size_t bytes,
+                             uint64_t *chunk) {
+  if (fd < 0 || !chunk || bytes != HOST_VM_GRANULE || fd_offset % HOST_VM_GRANULE)
+    return SPW_ERR_INVALID_ARG;
+  int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
+  if (d < 0) return report_errno(b, "fcntl(F_DUPFD_CLOEXEC)", errno);
+  pthread_mutex_lock(&b->mu);
+  size_t i = 0;
+  while (i < b->nimports && b->imports[i].fd >= 0) i++;
+  int st = SPW_OK;
+  if (i == b->nimports) {
+    struct host_import *g = spw__grow(b->imports, &b->imports_cap, i + 1, sizeof *g, 8);
+    if (g) {
+      b->imports = g;
+      b->nimports++;
+    } else {
+      st = SPW_ERR_SYSTEM;
+    }
+  }
+  if (st == SPW_OK) {
+    b->imports[i] = (struct host_import){d, fd_offset};
+    *chunk = HOST_CHUNK_IMPORTED | i;
+  }
+  pthread_mutex_unlock(&b->mu);
+  if (st != SPW_OK) close(d);
+  return st;
 }
 
 const spw_backend_ops_t spw__backend_host_ops = {
@@ -973,4 +1056,6 @@ const spw_backend_ops_t spw__backend_host_ops = {
     .chunk_release = host_chunk_release,
     .chunk_map = host_chunk_map,
     .chunk_unmap = host_chunk_unmap,
+    .chunk_export = host_chunk_export,
+    .chunk_import = host_chunk_import,
 };

@@ -5,6 +5,7 @@
  * order of creation. */
 #include "runtime.h"
 #include "ipc.h"
+#include "ipc_share.h"
 #include "host_extent.h"
 #include "peer.h"
 
@@ -17,7 +18,8 @@ static int open_backend(spw_runtime_t *rt) {
   spw_backend_params_t p = {.device = rt->settings.device,
                             .host_device_bytes = rt->settings.host_device_bytes,
                             .on_error = spw__error_sink,
-                            .err_ctx = rt};
+                            .err_ctx = rt,
+                            .vm_shareable = rt->settings.ipc};
   const spw_backend_ops_t *ops = NULL;
   spw_backend_t *b = NULL;
   int st = SPW_ERR_NO_DEVICE;
@@ -86,6 +88,7 @@ static void free_shell(spw_runtime_t *rt) {
 
 /* Everything below the shell, in the reverse order of creation; each part NULL-safe. */
 static void close_parts(spw_runtime_t *rt) {
+  spw__ipc_server_stop(rt); /* it reads buffers and the stable pool */
   spw__engine_stop(rt->engine);
   rt->engine = NULL;
   spw__completions_stop(rt->completions);

@@ -71,8 +71,12 @@ typedef struct spw_counters {
 
 typedef struct spw_ipc_opened {
   void *dptr; /* what spw_ipc_open returned */
-  void *base; /* the region the backend mapped */
+  void *base; /* the region the backend mapped, or the range the chunks are mapped in */
+  uint64_t *chunks; /* imported chunks (a stable buffer's handle), else NULL */
+  size_t nchunks, gran;
 } spw_ipc_opened_t;
+
+typedef struct spw_ipc_server spw_ipc_server_t; /* ipc_share.c */
 
 struct spw_runtime {
   spw_settings_t settings;
@@ -137,6 +141,7 @@ struct spw_runtime {
   pthread_mutex_t ipc_mu;
   spw_ipc_opened_t *ipc_opened;
   size_t ipc_nopened, ipc_cap;
+  spw_ipc_server_t *ipc_server; /* answers for exported stable buffers; set under ipc_mu */
 
   spw_counters_t c;
 };
