@@ -1,8 +1,9 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Device memory shared with another process (Runtime.ipc_export / ipc_open / ipc_close,
-spw_ipc_export_ptr / spw_ipc_open / spw_ipc_close) on the host backend, where a runtime
-created with ipc=True keeps its device memory in shared memory another process can map:
-the other process reads what this one wrote and writes back what this one then reads.
+"""Device memory shared with another process (Runtime.ipc_export / Buffer.ipc_export /
+ipc_open / ipc_close, spw_ipc_export_ptr / spw_ipc_export / spw_ipc_open / spw_ipc_close) on
+the host backend, address-stable buffers included, where a runtime created with ipc=True
+keeps its device memory in shared memory another process can map: the other process reads
+what this one wrote and writes back what this one then reads.
 Bad arguments and refusals are the documented exceptions."""
 import multiprocessing as mp
 
@@ -61,6 +62,63 @@ def test_another_process_reads_and_writes_an_exported_buffer(nbytes):
         buf.free()
 
 
+@pytest.mark.parametrize("nbytes", [16 << 10, 5 * MiB])  # a page's block, several chunks
+def test_another_process_reads_and_writes_an_exported_stable_buffer(nbytes):
+    with host_runtime() as rt:
+        buf = rt.alloc(nbytes, stable=True)
+        assert buf.is_stable
+        data = (np.arange(nbytes, dtype=np.uint64) * 3).astype(np.uint8)
+        ptr = buf.acquire()
+        rt.memcpy(ptr, data.ctypes.data, nbytes)
+        handle = buf.ipc_export()
+        assert isinstance(handle, bytes) and len(handle) == HANDLE_BYTES
+        assert buf.ipc_export() == handle  # one export per buffer
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_child, args=(handle, nbytes, queue))
+        proc.start()
+        status, got = queue.get(timeout=120)
+        proc.join(60)
+        assert status == "ok", got
+        np.testing.assert_array_equal(got, data)
+        back = np.empty(nbytes, np.uint8)
+        rt.memcpy(back.ctypes.data, ptr, nbytes)
+        assert (back == 7).all()
+        buf.release()
+        buf.free()
+
+
+def _child_refused(handle, queue):
+    try:
+        with host_runtime(ipc=False) as rt:
+            try:
+                rt.ipc_open(handle)
+                queue.put("opened")
+            except spillway.SpillwayError as e:
+                queue.put(type(e).__name__)
+    except BaseException as e:
+        queue.put(repr(e))
+
+
+def test_an_exported_stable_buffer_must_stay_locked():
+    with host_runtime() as rt:
+        buf = rt.alloc(64 << 10, stable=True)
+        with pytest.raises(spillway.NotLockedError):
+            buf.ipc_export()
+        buf.acquire()
+        handle = buf.ipc_export()
+        buf.release()
+        ctx = mp.get_context("spawn")
+        queue = ctx.Queue()
+        proc = ctx.Process(target=_child_refused, args=(handle, queue))
+        proc.start()
+        assert queue.get(timeout=120) == "NotLockedError"
+        proc.join(60)
+        buf.free()
+        with pytest.raises(spillway.SpillwayError):
+            buf.ipc_export()
+
+
 def test_export_needs_a_runtime_created_with_ipc():
     with host_runtime(ipc=False) as rt:
         buf = rt.alloc(4096)
@@ -68,7 +126,14 @@ def test_export_needs_a_runtime_created_with_ipc():
         with pytest.raises(spillway.UnsupportedError):
             rt.ipc_export(ptr, 4096)
         assert "SPILLWAY_IPC" in rt.last_error()
+        with pytest.raises(spillway.UnsupportedError, match="SPILLWAY_IPC"):
+            buf.ipc_export()
         buf.release()
+        stable = rt.alloc(4096, stable=True)
+        stable.acquire()
+        with pytest.raises(spillway.UnsupportedError, match="SPILLWAY_IPC"):
+            stable.ipc_export()
+        stable.release()
 
 
 def test_export_refuses_memory_the_runtime_does_not_hold():

@@ -193,6 +193,24 @@ static PyObject *buffer_prefetch(PyObject *self, PyObject *const *args, Py_ssize
   Py_RETURN_NONE;
 }
 
+/* ipc_export() -> bytes: spw_ipc_export of this buffer (the bytes are the spw_ipc_handle_t).
+ * An address-stable buffer's export may start the runtime's IPC thread: no Python lock is
+ * needed, and none is held across it. */
+static PyObject *buffer_ipc_export(PyObject *self, PyObject *noargs) {
+  spwpy_buffer_t *b = B(self);
+  if (!usable(b)) return NULL;
+  spw_ipc_handle_t h;
+  int st;
+  spw_runtime_t *rt = b->owner->rt;
+  Py_BEGIN_ALLOW_THREADS
+  st = spw_ipc_export(rt, b->h, &h);
+  Py_END_ALLOW_THREADS
+  if (st == SPW_ERR_UNSUPPORTED || st == SPW_ERR_NOT_LOCKED)
+    return spwpy_raise_detail(st, spw_last_error(rt));
+  if (st != SPW_OK) return spwpy_raise(rt, st);
+  return PyBytes_FromStringAndSize((const char *)&h, sizeof h);
+}
+
 static PyObject *buffer_free(PyObject *self, PyObject *noargs) {
   spwpy_buffer_t *b = B(self);
   if (b->freed || !b->owner->rt) {
@@ -300,6 +318,9 @@ static PyMethodDef buffer_methods[] = {
      "spill(tier=Tier.HOST): asks the engine to move the unlocked buffer down."},
     {"prefetch", (PyCFunction)(void (*)(void))buffer_prefetch, METH_FASTCALL | METH_KEYWORDS,
      "prefetch(stream=None): starts bringing the buffer back to the device."},
+    {"ipc_export", buffer_ipc_export, METH_NOARGS,
+     "ipc_export() -> bytes: a handle another process opens with Runtime.ipc_open; the "
+     "buffer must be acquired and stay so while it is open there."},
     {"free", buffer_free, METH_NOARGS, "Frees the buffer (idempotent)."},
     {"close", buffer_free, METH_NOARGS, "Same as free()."},
     {"__enter__", buffer_enter, METH_NOARGS, NULL},
