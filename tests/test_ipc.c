@@ -140,6 +140,14 @@ static void *locked(fixture_t *f) {
   return d;
 }
 
+/* Locks the fixture's buffer and exports it. */
+static spw_ipc_handle_t locked_export(fixture_t *f) {
+  (void)locked(f);
+  spw_ipc_handle_t h;
+  ASSERT_OK(spw_ipc_export(f->rt, f->b, &h));
+  return h;
+}
+
 /* Fills a buffer of `bytes`, exports it under a lock, lets the child read and rewrite it,
  * then reads the child's bytes here. */
 static void shared_both_ways(spw_runtime_t *rt, spw_stream_t s, spw_buf_t b, size_t bytes) {
@@ -284,9 +292,7 @@ static void large_stable_buffer_is_read_and_written_by_another_process(void) {
  * the exporter refuses the handle, and a made-up token is refused all along. */
 static void a_stable_handle_is_refused_unless_its_buffer_is_locked(void) {
   fixture_t f = stable_fixture(SPW_IPC_ON, STABLE_LARGE, 7);
-  (void)locked(&f);
-  spw_ipc_handle_t h;
-  ASSERT_OK(spw_ipc_export(f.rt, f.b, &h));
+  spw_ipc_handle_t h = locked_export(&f);
   spw_ipc_handle_t forged = h;
   forged.handle[24] ^= 1; /* in the token */
   ASSERT_EQ(run_child(&forged, 0, 0), -SPW_ERR_INVALID_ARG);
@@ -304,9 +310,7 @@ static void a_stable_handle_is_refused_unless_its_buffer_is_locked(void) {
 /* Once the exporting runtime is gone, its socket is too. */
 static void a_stable_handle_outlives_no_exporter(void) {
   fixture_t f = stable_fixture(SPW_IPC_ON, STABLE_SMALL, 7);
-  (void)locked(&f);
-  spw_ipc_handle_t h;
-  ASSERT_OK(spw_ipc_export(f.rt, f.b, &h));
+  spw_ipc_handle_t h = locked_export(&f);
   fixture_end(&f);
   ASSERT_EQ(run_child(&h, 0, 0), -SPW_ERR_CUDA);
 }
@@ -346,9 +350,7 @@ static void export_arguments_are_checked(void) {
 
 static void open_of_a_handle_of_this_process_is_unsupported(void) {
   fixture_t f = fixture(SPW_IPC_ON, SMALL_BYTES, 1);
-  (void)locked(&f);
-  spw_ipc_handle_t h;
-  ASSERT_OK(spw_ipc_export(f.rt, f.b, &h));
+  spw_ipc_handle_t h = locked_export(&f);
   void *opened = NULL;
   ASSERT_STATUS(spw_ipc_open(f.rt, &h, &opened), SPW_ERR_UNSUPPORTED);
   ASSERT_PTR_EQ(opened, NULL);

@@ -38,6 +38,22 @@ def _child(handle, nbytes, queue):
         queue.put(("error", repr(e)))
 
 
+def shared_with_a_child(rt, ptr, handle, data):
+    """The child reads `data` through the handle and writes 7s, which this process sees."""
+    assert isinstance(handle, bytes) and len(handle) == HANDLE_BYTES
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_child, args=(handle, data.size, queue))
+    proc.start()
+    status, got = queue.get(timeout=120)
+    proc.join(60)
+    assert status == "ok", got
+    np.testing.assert_array_equal(got, data)
+    back = np.empty(data.size, np.uint8)
+    rt.memcpy(back.ctypes.data, ptr, data.size)
+    assert (back == 7).all()
+
+
 @pytest.mark.parametrize("nbytes", [64 << 10, 8 * MiB])  # a slab's block, an arena's
 def test_another_process_reads_and_writes_an_exported_buffer(nbytes):
     with host_runtime() as rt:
@@ -45,19 +61,7 @@ def test_another_process_reads_and_writes_an_exported_buffer(nbytes):
         data = np.arange(nbytes, dtype=np.uint64).astype(np.uint8)
         ptr = buf.acquire()
         rt.memcpy(ptr, data.ctypes.data, nbytes)
-        handle = rt.ipc_export(ptr, nbytes)
-        assert isinstance(handle, bytes) and len(handle) == HANDLE_BYTES
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        proc = ctx.Process(target=_child, args=(handle, nbytes, queue))
-        proc.start()
-        status, got = queue.get(timeout=120)
-        proc.join(60)
-        assert status == "ok", got
-        np.testing.assert_array_equal(got, data)
-        back = np.empty(nbytes, np.uint8)
-        rt.memcpy(back.ctypes.data, ptr, nbytes)
-        assert (back == 7).all()
+        shared_with_a_child(rt, ptr, rt.ipc_export(ptr, nbytes), data)
         buf.release()
         buf.free()
 
@@ -71,19 +75,8 @@ def test_another_process_reads_and_writes_an_exported_stable_buffer(nbytes):
         ptr = buf.acquire()
         rt.memcpy(ptr, data.ctypes.data, nbytes)
         handle = buf.ipc_export()
-        assert isinstance(handle, bytes) and len(handle) == HANDLE_BYTES
         assert buf.ipc_export() == handle  # one export per buffer
-        ctx = mp.get_context("spawn")
-        queue = ctx.Queue()
-        proc = ctx.Process(target=_child, args=(handle, nbytes, queue))
-        proc.start()
-        status, got = queue.get(timeout=120)
-        proc.join(60)
-        assert status == "ok", got
-        np.testing.assert_array_equal(got, data)
-        back = np.empty(nbytes, np.uint8)
-        rt.memcpy(back.ctypes.data, ptr, nbytes)
-        assert (back == 7).all()
+        shared_with_a_child(rt, ptr, handle, data)
         buf.release()
         buf.free()
 
