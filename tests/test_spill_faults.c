@@ -64,6 +64,30 @@ static void copy_failure_during_spill_keeps_buffer_resident(void) {
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
+/* A spill batch copies in parts of at most 64 MiB (src/core/spill_move.c), each committed on
+ * its own: a copy that fails in the second part leaves the first part spilled and only the
+ * second part's buffers resident, every byte still readable. */
+static void a_copy_failure_in_a_later_part_keeps_only_that_part_resident(void) {
+  enum { N = 4 };
+  const size_t n = 24 * MIB; /* two per part: a third would pass 64 MiB */
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b[N];
+  for (int i = 0; i < N; i++) b[i] = test_filled(rt, s, n, 40 + (uint64_t)i);
+  spw__faults_arm(rt->be, SPW_FAULT_COPY, 1, 1); /* the second copy fails */
+  ASSERT_OK(spw_spill_n(rt, b, N, SPW_TIER_HOST));
+  ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_CUDA);
+  ASSERT_OK(spw_async_error(rt));
+  for (int i = 0; i < N; i++)
+    ASSERT_EQ(state_of(rt, b[i]), i < 2 ? SPW_STATE_HOST : SPW_STATE_RESIDENT);
+  ASSERT_UEQ(stats_of(rt).host_bytes, 2 * n);
+  for (int i = 0; i < N; i++) test_expect_fill(rt, b[i], s, n, 40 + (uint64_t)i);
+  for (int i = 0; i < N; i++) ASSERT_OK(spw_free(rt, b[i]));
+  ASSERT_UEQ(arena_in_use(rt), 0);
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
 static void async_error_reports_failed_spill(void) {
   /* Without spw_wait_idle: the error surfaces through spw_async_error on its own. */
   const size_t n = 64 * 1024;
@@ -287,6 +311,7 @@ static void background_failures_never_look_like_the_callers_mistake(void) {
 
 static const spw_test_t tests[] = {
     TEST(copy_failure_during_spill_keeps_buffer_resident),
+    TEST(a_copy_failure_in_a_later_part_keeps_only_that_part_resident),
     TEST(async_error_reports_failed_spill),
     TEST(copy_failure_during_unspill_fails_acquire),
     TEST(host_register_failure_with_empty_arena_fails_spill),

@@ -22,8 +22,13 @@
 #include "pipeline.h"
 
 /* Victims per part: enough to amortize a launch and an event, few enough that the CPU work
- * of one part hides behind the copy of the previous one. */
+ * of one part hides behind the copy of the previous one. Bytes per part (big victims go
+ * one per part): what finishing a part costs after its copy, above all unmapping a stable
+ * buffer's chunks (about 20 us per 2 MiB, against about 38 us to copy them), then runs
+ * while the next part copies, not after the whole batch's copy; and the room of the first
+ * part goes back without waiting for the rest. */
 #define PART_VICTIMS 2048
+#define PART_BYTES ((uint64_t)64 << 20)
 
 int spw__victim_begin(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_claim_t claim,
                       spw_victim_t *v) {
@@ -102,8 +107,14 @@ static void prepare(spill_run_t *r, spw_victim_t *v, size_t count) {
 
 static void spill_start(void *ctx, spw_part_t *p) {
   spill_run_t *r = ctx;
-  p->count = r->n - p->first < PART_VICTIMS ? r->n - p->first : PART_VICTIMS;
   spw_victim_t *v = r->v + p->first;
+  size_t left = r->n - p->first, count = 0;
+  uint64_t bytes = 0;
+  for (; count < left && count < PART_VICTIMS; count++) {
+    if (count > 0 && bytes + v[count].m.size > PART_BYTES) break;
+    bytes += v[count].m.size;
+  }
+  p->count = count;
   prepare(r, v, p->count);
   size_t nd = 0;
   pthread_mutex_lock(&r->rt->d2h_gate);
