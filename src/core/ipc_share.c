@@ -398,8 +398,10 @@ static int ask(spw_runtime_t *rt, const spw_ipc_handle_t *h, const share_ref_t *
       total = r.total;
       sh.gran = r.gran;
       sh.offset = r.offset;
-      int sane = total > 0 && r.gran > 0 && total <= SIZE_MAX / 4 / r.gran &&
-                 r.offset < total * r.gran && h->bytes <= total * r.gran - r.offset;
+      /* Exactly the chunks that hold the handle's bytes: an answer cannot make this
+       * process allocate or wait for more than the handle says. */
+      int sane = r.gran > 0 && r.offset < r.gran && h->bytes <= SIZE_MAX / 4 &&
+                 total == (r.offset + h->bytes + r.gran - 1) / r.gran;
       sh.fds = sane ? malloc(total * sizeof *sh.fds) : NULL;
       sh.offs = sane ? malloc(total * sizeof *sh.offs) : NULL;
       if (!sh.fds || !sh.offs) {
