@@ -151,39 +151,59 @@ static void count_copy(void *arg, spw_fault_t op, spw_stream_t stream) {
 
 static void set_flag(void *arg) { atomic_store((atomic_int *)arg, 1); }
 
+/* A spill of b whose copy is enqueued on the download stream but held there behind a gate,
+ * by a spiller thread that waits for it. */
+typedef struct held_spill {
+  gate_t g;
+  atomic_int copies;
+  spw_victim_t v;
+  spiller_t sp;
+  pthread_t t;
+} held_spill_t;
+
+static void held_spill_start(held_spill_t *h, spw_buf_t b) {
+  gate_init(&h->g);
+  atomic_init(&h->copies, 0);
+  ASSERT_OK(rt->ops->launch_host_func(rt->be, spw__d2h(rt), gate_wait, &h->g));
+  spw__faults_hook(rt->be, SPW_FAULT_COPY, count_copy, &h->copies);
+  h->v = claim(b);
+  h->sp = (spiller_t){rt, &h->v};
+  ASSERT_EQ(pthread_create(&h->t, NULL, spill_main, &h->sp), 0);
+  for (uint64_t t0 = test_now_ms(); atomic_load(&h->copies) == 0 && test_now_ms() - t0 < 5000;)
+    test_sleep_ms(1);
+  spw__faults_hook(rt->be, SPW_FAULT_COPY, NULL, NULL);
+  ASSERT_EQ(atomic_load(&h->copies), 1);
+}
+
+/* Work enqueued on `stream` now runs only once the held copy is let go; then the spill
+ * ends abandoned. */
+static void runs_behind_the_held_copy(held_spill_t *h, spw_stream_t stream) {
+  atomic_int ran = 0;
+  ASSERT_OK(spw_launch_host_func(rt, stream, set_flag, &ran));
+  test_sleep_ms(100);
+  ASSERT_EQ(atomic_load(&ran), 0); /* behind the spill copy */
+  gate_open(&h->g);
+  ASSERT_OK(spw_stream_synchronize(rt, stream));
+  ASSERT_EQ(atomic_load(&ran), 1);
+  ASSERT_EQ(pthread_join(h->t, NULL), 0);
+  ASSERT_EQ(h->v.status, SPW_ERR_BUSY);
+  ASSERT_TRUE(!gate_timed_out(&h->g));
+  gate_fini(&h->g);
+}
+
 /* Issue 7: an acquire that abandoned a spill whose copy was already enqueued returned at
  * once, and the application's writes raced with the copy still reading the buffer. Now the
  * acquiring stream waits for that copy: with the download stream held behind a gate, work
  * enqueued after the acquire does not run until the gate opens. */
 static void work_after_an_abandon_waits_for_the_spill_copy(void) {
   spw_buf_t b = written(7);
-  gate_t g;
-  gate_init(&g);
-  atomic_int copies = 0, ran = 0;
-  ASSERT_OK(rt->ops->launch_host_func(rt->be, spw__d2h(rt), gate_wait, &g));
-  spw__faults_hook(rt->be, SPW_FAULT_COPY, count_copy, &copies);
-  spw_victim_t v = claim(b);
-  spiller_t sp = {rt, &v};
-  pthread_t t;
-  ASSERT_EQ(pthread_create(&t, NULL, spill_main, &sp), 0);
-  for (uint64_t t0 = test_now_ms(); atomic_load(&copies) == 0 && test_now_ms() - t0 < 5000;)
-    test_sleep_ms(1);
-  ASSERT_EQ(atomic_load(&copies), 1);
+  held_spill_t h;
+  held_spill_start(&h, b);
   void *d = NULL;
   ASSERT_OK(spw_acquire(rt, b, s, 0, &d)); /* abandons; the copy is enqueued, held */
-  spw__faults_hook(rt->be, SPW_FAULT_COPY, NULL, NULL);
-  ASSERT_OK(spw_launch_host_func(rt, s, set_flag, &ran));
-  test_sleep_ms(100);
-  ASSERT_EQ(atomic_load(&ran), 0); /* behind the spill copy */
-  gate_open(&g);
-  ASSERT_OK(spw_stream_synchronize(rt, s));
-  ASSERT_EQ(atomic_load(&ran), 1);
-  ASSERT_EQ(pthread_join(t, NULL), 0);
-  ASSERT_EQ(v.status, SPW_ERR_BUSY);
-  ASSERT_TRUE(!gate_timed_out(&g));
+  runs_behind_the_held_copy(&h, s);
   ASSERT_EQ(mismatch(b, 7), (size_t)-1);
   ASSERT_OK(spw_free(rt, b));
-  gate_fini(&g);
 }
 
 /* The abandoning acquire's stream waits for the spill copy, but that lock may be gone
@@ -197,39 +217,19 @@ static void a_lock_after_an_abandon_rolled_back_waits_for_the_spill_copy(void) {
   ASSERT_OK(spw_wait_idle(rt));
   spw_stream_t other;
   ASSERT_OK(spw_stream_create(rt, &other));
-  gate_t g;
-  gate_init(&g);
-  atomic_int copies = 0, ran = 0;
-  ASSERT_OK(rt->ops->launch_host_func(rt->be, spw__d2h(rt), gate_wait, &g));
-  spw__faults_hook(rt->be, SPW_FAULT_COPY, count_copy, &copies);
-  spw_victim_t v = claim(b);
-  spiller_t sp = {rt, &v};
-  pthread_t t;
-  ASSERT_EQ(pthread_create(&t, NULL, spill_main, &sp), 0);
-  for (uint64_t t0 = test_now_ms(); atomic_load(&copies) == 0 && test_now_ms() - t0 < 5000;)
-    test_sleep_ms(1);
-  ASSERT_EQ(atomic_load(&copies), 1);
+  held_spill_t h;
+  held_spill_start(&h, b);
   void *d[2];
   ASSERT_STATUS(spw_acquire_n(rt, (spw_buf_t[]){b, away}, 2, s, SPW_ACQUIRE_TRY, d),
                 SPW_ERR_NOT_READY);
-  spw__faults_hook(rt->be, SPW_FAULT_COPY, NULL, NULL);
   ASSERT_EQ(state_of(rt, b), SPW_STATE_RESIDENT); /* taken back, then let go */
   ASSERT_OK(spw_acquire(rt, b, other, 0, &d[0]));
-  ASSERT_OK(spw_launch_host_func(rt, other, set_flag, &ran));
-  test_sleep_ms(100);
-  ASSERT_EQ(atomic_load(&ran), 0); /* behind the spill copy */
-  gate_open(&g);
-  ASSERT_OK(spw_stream_synchronize(rt, other));
-  ASSERT_EQ(atomic_load(&ran), 1);
-  ASSERT_EQ(pthread_join(t, NULL), 0);
-  ASSERT_EQ(v.status, SPW_ERR_BUSY);
-  ASSERT_TRUE(!gate_timed_out(&g));
+  runs_behind_the_held_copy(&h, other);
   ASSERT_EQ(mismatch(b, 8), (size_t)-1);
   ASSERT_EQ(mismatch(away, 9), (size_t)-1);
   ASSERT_OK(spw_free(rt, b));
   ASSERT_OK(spw_free(rt, away));
   ASSERT_OK(spw_stream_destroy(rt, other));
-  gate_fini(&g);
 }
 
 static const spw_test_t tests[] = {

@@ -452,7 +452,8 @@ SPW_API int spw_release(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream);
  * fewer locks of `stream` than it appears in bufs, nothing changes and the call returns
  * SPW_ERR_NOT_LOCKED. Errors: SPW_ERR_INVALID_ARG (bufs NULL, n 0), SPW_ERR_INVALID_STREAM,
  * SPW_ERR_NOT_LOCKED, handle errors, SPW_ERR_CUDA / SPW_ERR_SYSTEM (nothing released or
- * scheduled). Releases behind one stream that follow each other closely (before the
+ * scheduled). Behind a stream with nothing left to run, the locks go before the call
+ * returns. Releases behind one stream that follow each other closely (before the
  * completion thread looks again, 20 us to 1 ms) share one event, recorded again by each: a
  * lock may then go only once a later call's work has completed too, never before its own. */
 SPW_API int spw_release_n_async(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
