@@ -15,7 +15,8 @@
 #                name, one at a time, then bench/launch_overhead
 #   stable       address-stable buffers (issue 21): bench/vmm_chunks (VMM costs per chunk,
 #                and whether an unmap stalls other streams), the gpu tests labelled stable
-#                one at a time, then spill_bw with ordinary and with stable buffers
+#                one at a time, bench/ipc_open (opening another process's buffer, stable
+#                against ordinary), then spill_bw with ordinary and with stable buffers
 #   soak-start   the gate of every change to src/ or spill/ (docs/reliability.md): the soak
 #                of tests/stress at 8 and then 16 threads, 5 minutes each (4x oversubscribed,
 #                disk tier on, spills and prefetches from another thread, spw_wait_idle
@@ -130,6 +131,9 @@ phase_stable() {
   ctest --test-dir "$build" -L gpu -L stable -j1 --output-on-failure >"$logs/ctest-stable.log" 2>&1
   echo "stable tests rc=$?: $(grep -E 'tests passed' "$logs/ctest-stable.log")"
   grep -E "Failed|\*\*\*|Exception|Not Run" "$logs/ctest-stable.log" | head -20
+  SPILLWAY_BACKEND=cuda timeout 180 "$build/bench/ipc_open" >"$logs/ipc_open.txt" 2>&1
+  echo "== ipc_open rc=$?"
+  cat "$logs/ipc_open.txt"
   local mode
   for mode in 0 1; do
     SPILLWAY_BACKEND=cuda SPILLWAY_STABLE_ADDRESSES=$mode timeout 240 "$build/bench/spill_bw" \
