@@ -10,6 +10,7 @@
  * Not a test: it asserts nothing about time.
  *
  *   ipc_open [--sizes=64KiB,2MiB,64MiB,1GiB] [--reps=20]
+ * (the child gets the handle on its standard input: a handle is plain bytes)
  */
 #include <inttypes.h>
 #include <spawn.h>
@@ -28,21 +29,21 @@ extern char **environ;
 
 /* ---- the child: opens and closes one handle, reps times --------------------------------- */
 
-static int from_hex(const char *s, void *p, size_t n) {
-  unsigned char *b = p;
-  if (strlen(s) != 2 * n) return -1;
-  for (size_t i = 0; i < n; i++) {
-    unsigned v;
-    if (sscanf(s + 2 * i, "%2x", &v) != 1) return -1;
-    b[i] = (unsigned char)v;
+/* The handle, raw, from standard input (the parent writes it there). */
+static int read_handle(spw_ipc_handle_t *h) {
+  size_t got = 0;
+  while (got < sizeof *h) {
+    ssize_t r = read(0, (char *)h + got, sizeof *h - got);
+    if (r <= 0) return -1;
+    got += (size_t)r;
   }
   return 0;
 }
 
-/* Prints "open_us close_us ok|bad" for the handle in hex. */
-static int child(const char *hex, unsigned reps, uint32_t seed) {
+/* Prints "open_us close_us ok|bad" for the handle on standard input. */
+static int child(unsigned reps, uint32_t seed) {
   spw_ipc_handle_t h;
-  if (from_hex(hex, &h, sizeof h) != 0) return 2;
+  if (read_handle(&h) != 0) return 2;
   bench_env_t env;
   spw_runtime_t *rt = NULL;
   if (bench_env_init(&env) != SPW_OK || bench_runtime_create(&env, 0, 0, NULL, &rt) != SPW_OK)
@@ -87,37 +88,47 @@ static int child(const char *hex, unsigned reps, uint32_t seed) {
 
 /* ---- the parent ------------------------------------------------------------------------ */
 
-/* Runs the child on `h` and reads its line. */
+/* Runs the child, hands it `h` on its standard input, and reads its line. */
 static int run_child(const spw_ipc_handle_t *h, unsigned reps, uint32_t seed, double *open_us,
                      double *close_us, int *ok) {
-  char hex[2 * sizeof *h + 1], r[16], sd[16];
-  const unsigned char *b = (const unsigned char *)h;
-  for (size_t i = 0; i < sizeof *h; i++) sprintf(hex + 2 * i, "%02x", b[i]);
+  char r[16], sd[16];
   snprintf(r, sizeof r, "%u", reps);
   snprintf(sd, sizeof sd, "%u", seed);
-  int fds[2];
-  if (pipe(fds) != 0) return SPW_ERR_SYSTEM;
+  int in[2], out[2];
+  if (pipe(in) != 0) return SPW_ERR_SYSTEM;
+  if (pipe(out) != 0) {
+    close(in[0]);
+    close(in[1]);
+    return SPW_ERR_SYSTEM;
+  }
   posix_spawn_file_actions_t fa;
   posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_adddup2(&fa, fds[1], 1);
-  posix_spawn_file_actions_addclose(&fa, fds[0]);
-  char *argv[] = {"ipc_open", "--child", hex, r, sd, NULL};
+  posix_spawn_file_actions_adddup2(&fa, in[0], 0);
+  posix_spawn_file_actions_adddup2(&fa, out[1], 1);
+  posix_spawn_file_actions_addclose(&fa, in[1]);
+  posix_spawn_file_actions_addclose(&fa, out[0]);
+  char *argv[] = {"ipc_open", "--child", r, sd, NULL};
   pid_t pid;
   int e = posix_spawn(&pid, "/proc/self/exe", &fa, NULL, argv, environ);
   posix_spawn_file_actions_destroy(&fa);
-  close(fds[1]);
+  close(in[0]);
+  close(out[1]);
+  int wrote = e == 0 && write(in[1], h, sizeof *h) == (ssize_t)sizeof *h;
+  close(in[1]);
   if (e != 0) {
-    close(fds[0]);
+    close(out[0]);
     return SPW_ERR_SYSTEM;
   }
-  FILE *f = fdopen(fds[0], "r");
+  FILE *f = fdopen(out[0], "r");
   char word[8] = "";
   int got = f ? fscanf(f, "%lf %lf %7s", open_us, close_us, word) : 0;
   if (f) fclose(f);
+  else close(out[0]);
   int status = 0;
   waitpid(pid, &status, 0);
   *ok = strcmp(word, "ok") == 0;
-  return got == 3 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? SPW_OK : SPW_ERR_INTERNAL;
+  return wrote && got == 3 && WIFEXITED(status) && WEXITSTATUS(status) == 0 ? SPW_OK
+                                                                           : SPW_ERR_INTERNAL;
 }
 
 /* A filled buffer of `bytes` (stable or not), locked on `keep`, and its handle. */
@@ -140,9 +151,8 @@ static int exported(const bench_env_t *env, spw_runtime_t *rt, spw_stream_t s,
 }
 
 int main(int argc, char **argv) {
-  if (argc == 5 && strcmp(argv[1], "--child") == 0)
-    return child(argv[2], (unsigned)strtoul(argv[3], NULL, 10),
-                 (uint32_t)strtoul(argv[4], NULL, 10));
+  if (argc == 4 && strcmp(argv[1], "--child") == 0)
+    return child((unsigned)strtoul(argv[2], NULL, 10), (uint32_t)strtoul(argv[3], NULL, 10));
   static const char *const known[] = {"sizes", "reps", NULL};
   if (bench_opt_check(argc, argv, known) != SPW_OK) return 2;
   bench_env_t env;
