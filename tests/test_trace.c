@@ -274,6 +274,13 @@ static void every_kind_of_move_is_an_event_in_valid_json(void) {
   free(src);
 }
 
+/* Waits for the engine, closes the runtime (which writes the trace's end) and reads it. */
+static trace_t closed_trace(spw_runtime_t *rt, const char *path) {
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_runtime_destroy(rt));
+  return load_valid(path);
+}
+
 static void a_batch_is_one_slice(void) {
   char path[300];
   in_dir(path, "t.json");
@@ -281,9 +288,7 @@ static void a_batch_is_one_slice(void) {
   spw_buf_t b[16];
   for (int i = 0; i < 16; i++) ASSERT_OK(spw_alloc(rt, 64 << 10, NULL, &b[i]));
   ASSERT_OK(spw_spill_n(rt, b, 16, SPW_TIER_HOST));
-  ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  trace_t t = load_valid(path);
+  trace_t t = closed_trace(rt, path);
   ASSERT_EQ(count(&t, "spill", NULL), 1);
   ASSERT_EQ(count(&t, "spill", "\"bytes\":1048576,\"buffers\":16,"), 1);
 }
@@ -419,9 +424,7 @@ static void an_unnamed_owner_is_named_by_its_id(void) {
   spw_runtime_t *rt = traced_runtime(path, 0);
   spw_buf_t b = owned(rt, MIB, 12);
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_DISK));
-  ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  trace_t t = load_valid(path);
+  trace_t t = closed_trace(rt, path);
   ASSERT_EQ(count(&t, "spill to disk", "\"owner\":\"owner 12\""), 1);
 }
 
@@ -440,9 +443,7 @@ static void a_batch_of_one_owner_names_it_and_of_several_counts_each(void) {
   ASSERT_OK(spw_spill_n(rt, one, 4, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
   ASSERT_OK(spw_spill_n(rt, mixed, 8, SPW_TIER_HOST));
-  ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  trace_t t = load_valid(path);
+  trace_t t = closed_trace(rt, path);
   char line[LINE_MAX_TEST];
   ASSERT_TRUE(line_of(&t, "spill", "\"buffers\":4,", line, sizeof line));
   ASSERT_TRUE(strstr(line, "\"owner\":\"numba\"") != NULL);
@@ -468,9 +469,7 @@ static void more_owners_in_a_batch_than_it_lists_are_counted_together(void) {
     b[i] = owned(rt, 4096, 100 + i);
   }
   ASSERT_OK(spw_spill_n(rt, b, 12, SPW_TIER_HOST));
-  ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  trace_t t = load_valid(path);
+  trace_t t = closed_trace(rt, path);
   char line[LINE_MAX_TEST];
   ASSERT_TRUE(line_of(&t, "spill", "\"buffers\":12,", line, sizeof line));
   ASSERT_TRUE(strstr(line, "\"(other owners)\":{\"buffers\":4,\"bytes\":16384}") != NULL);
@@ -513,9 +512,7 @@ static void a_name_set_after_allocating_shows_from_then_on(void) {
   ASSERT_OK(spw_owner_name(rt, 5, "late"));
   wait_for_counter(path, "device (late)", want); /* written again under the new name */
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
-  ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_OK(spw_runtime_destroy(rt));
-  trace_t t = load_valid(path);
+  trace_t t = closed_trace(rt, path);
   ASSERT_EQ(count(&t, "spill", "\"owner\":\"late\""), 1);
 }
 
