@@ -14,7 +14,9 @@
  * Then whether an unmap stalls other streams: a spin kernel, and separately a large device
  * to host copy, run on their own stream, timed with events, alone and while the host maps
  * and unmaps 64 chunks of an unrelated range; the unmap's own host time is shown busy and
- * idle, which tells whether it waits for the device.
+ * idle, which tells whether it waits for the device. Last, single physical allocations of
+ * 2 to 512 MiB (one create, map, access, unmap, release each), idle and while a copy runs on
+ * another stream: whether a mapping costs per call or per byte, which sets the chunk size.
  *
  * It calls the driver through cudaGetDriverEntryPointByVersion, as the library does, so it
  * links only the CUDA runtime. Every number is a median of --reps runs (default 5). It exits
@@ -245,6 +247,102 @@ static double stall_once(int dev, size_t gran, cudaStream_t s, int work, int chu
   return ms;
 }
 
+typedef struct alloc_times {
+  double create, map_access, unmap, release;
+  int overlapped; /* the other stream's copy was still running when the last call returned */
+} alloc_times_t;
+
+/* One physical allocation of `bytes` (a multiple of the granule): created, mapped with one
+ * cuMemMap and one cuMemSetAccess, unmapped, released, each timed once. With `busy`, a D2H
+ * copy of `copy_bytes` runs on stream `s` meanwhile, as the spill engine's copies do. This
+ * tells whether a mapping costs per call or per byte: if per call, larger chunks pay. */
+static void alloc_once(int dev, size_t gran, size_t bytes, int busy, cudaStream_t s, void *dsrc,
+                       void *hdst, size_t copy_bytes, alloc_times_t *t) {
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  CUmemAccessDesc acc;
+  memset(&acc, 0, sizeof acc);
+  acc.location = prop.location;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CUdeviceptr va;
+  CK_DRV(p_reserve(&va, bytes, gran, 0, 0));
+  cudaEvent_t done;
+  CK_RT(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  if (busy) CK_RT(cudaMemcpyAsync(hdst, dsrc, copy_bytes, cudaMemcpyDeviceToHost, s));
+  CK_RT(cudaEventRecord(done, s));
+  CUmemGenericAllocationHandle h;
+  double t0 = now_us();
+  CK_DRV(p_create(&h, bytes, &prop, 0));
+  t->create = now_us() - t0;
+  t0 = now_us();
+  CK_DRV(p_map(va, bytes, 0, h, 0));
+  CK_DRV(p_access(va, bytes, &acc, 1));
+  t->map_access = now_us() - t0;
+  t0 = now_us();
+  CK_DRV(p_unmap(va, bytes));
+  t->unmap = now_us() - t0;
+  t0 = now_us();
+  CK_DRV(p_release(h));
+  t->release = now_us() - t0;
+  t->overlapped = busy && cudaEventQuery(done) == cudaErrorNotReady;
+  (void)cudaGetLastError();
+  CK_RT(cudaEventSynchronize(done));
+  CK_RT(cudaEventDestroy(done));
+  CK_DRV(p_addr_free(va, bytes));
+}
+
+/* Sixteen 2 MiB chunks mapped one after another while a copy of `copy_bytes` (direction
+ * `kind`) runs on stream `s`, cuMemMap and cuMemSetAccess timed apart: first[0..1] the first
+ * chunk's map and access, rest[0..1] the medians of the others. Whether the cost of a
+ * mapping under copy traffic is paid once or by every call decides whether an unspill can
+ * map the next part while the previous one copies. */
+static void maps_under_copy(int dev, size_t gran, cudaStream_t s, cudaMemcpyKind kind,
+                            void *dbuf, void *hbuf, size_t copy_bytes, double first[2],
+                            double rest[2], int *ended_early) {
+  enum { N = 16 };
+  CUmemAllocationProp prop;
+  memset(&prop, 0, sizeof prop);
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = dev;
+  CUmemAccessDesc acc;
+  memset(&acc, 0, sizeof acc);
+  acc.location = prop.location;
+  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  CUdeviceptr va;
+  CUmemGenericAllocationHandle h[N];
+  CK_DRV(p_reserve(&va, gran * N, gran, 0, 0));
+  for (int i = 0; i < N; i++) CK_DRV(p_create(&h[i], gran, &prop, 0));
+  cudaEvent_t done;
+  CK_RT(cudaEventCreateWithFlags(&done, cudaEventDisableTiming));
+  if (kind == cudaMemcpyDeviceToHost) CK_RT(cudaMemcpyAsync(hbuf, dbuf, copy_bytes, kind, s));
+  else CK_RT(cudaMemcpyAsync(dbuf, hbuf, copy_bytes, kind, s));
+  CK_RT(cudaEventRecord(done, s));
+  double m[N], a[N];
+  for (int i = 0; i < N; i++) {
+    double t0 = now_us();
+    CK_DRV(p_map(va + (size_t)i * gran, gran, 0, h[i], 0));
+    double t1 = now_us();
+    CK_DRV(p_access(va + (size_t)i * gran, gran, &acc, 1));
+    m[i] = t1 - t0;
+    a[i] = now_us() - t1;
+  }
+  *ended_early = cudaEventQuery(done) != cudaErrorNotReady;
+  (void)cudaGetLastError();
+  CK_RT(cudaEventSynchronize(done));
+  CK_RT(cudaEventDestroy(done));
+  first[0] = m[0];
+  first[1] = a[0];
+  rest[0] = median(m + 1, N - 1);
+  rest[1] = median(a + 1, N - 1);
+  CK_DRV(p_unmap(va, gran * N));
+  for (int i = 0; i < N; i++) CK_DRV(p_release(h[i]));
+  CK_DRV(p_addr_free(va, gran * N));
+}
+
 int main(int argc, char **argv) {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
@@ -358,6 +456,55 @@ int main(int argc, char **argv) {
   }
   printf("\nAn unmap that waits for the other stream shows as 'device busy' near the work's "
          "length; a stall of other streams shows as 'while ... unmapped' above 'alone'.\n");
+
+  /* Larger physical allocations: one cuMemCreate / cuMemMap / cuMemSetAccess each. */
+  printf("\n| one allocation | other stream | create | map+access | unmap | release | "
+         "map+access per 2 MiB |\n");
+  printf("| ---: | --- | ---: | ---: | ---: | ---: | ---: |\n");
+  const size_t sizes_mib[] = {2, 8, 32, 128, 512};
+  for (size_t z = 0; z < sizeof sizes_mib / sizeof sizes_mib[0]; z++) {
+    size_t bytes = (sizes_mib[z] << 20) < gran ? gran : sizes_mib[z] << 20;
+    for (int busy = 0; busy < 2; busy++) {
+      double c[64], m[64], u[64], r[64];
+      int sreps = reps < 64 ? reps : 64, late = 0;
+      for (int k = 0; k < sreps; k++) {
+        alloc_times_t t;
+        alloc_once(dev, gran, bytes, busy, s, dsrc, hdst, copy_bytes, &t);
+        c[k] = t.create;
+        m[k] = t.map_access;
+        u[k] = t.unmap;
+        r[k] = t.release;
+        late += busy && !t.overlapped;
+      }
+      double mm = median(m, sreps);
+      printf("| %zu MiB | %s | %.1f us | %.1f us | %.1f us | %.1f us | %.2f us |\n", bytes >> 20,
+             busy ? (late ? "D2H copy (ended early)" : "D2H copy") : "idle", median(c, sreps), mm,
+             median(u, sreps), median(r, sreps), mm / (double)(bytes / ((size_t)2 << 20)));
+    }
+  }
+
+  printf("\n| 16 chunks mapped while | first map | first access | later map (median) | "
+         "later access (median) |\n");
+  printf("| --- | ---: | ---: | ---: | ---: |\n");
+  const struct { const char *name; cudaMemcpyKind kind; size_t bytes; } loads[] = {
+      {"nothing runs", cudaMemcpyDeviceToHost, 0},
+      {"a 1 GiB D2H copy runs", cudaMemcpyDeviceToHost, copy_bytes},
+      {"a 1 GiB H2D copy runs", cudaMemcpyHostToDevice, copy_bytes},
+  };
+  for (size_t l = 0; l < sizeof loads / sizeof loads[0]; l++) {
+    double f0[64], f1[64], r0[64], r1[64];
+    int sreps = reps < 64 ? reps : 64, early = 0;
+    for (int k = 0; k < sreps; k++) {
+      double f[2], r[2];
+      int e;
+      maps_under_copy(dev, gran, s, loads[l].kind, dsrc, hdst, loads[l].bytes, f, r, &e);
+      f0[k] = f[0], f1[k] = f[1], r0[k] = r[0], r1[k] = r[1];
+      early += loads[l].bytes && e;
+    }
+    printf("| %s%s | %.1f us | %.1f us | %.1f us | %.1f us |\n", loads[l].name,
+           early ? " (ended early)" : "", median(f0, sreps), median(f1, sreps),
+           median(r0, sreps), median(r1, sreps));
+  }
   CK_RT(cudaFree(dsrc));
   CK_RT(cudaFreeHost(hdst));
   CK_RT(cudaFree(sink));

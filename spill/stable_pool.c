@@ -3,9 +3,18 @@
  * stable_pool.h; the design and its costs in docs/design.md, "Address-stable buffers").
  *
  * A region is one reserved range: a buffer's own (`large`: at least a granule, rounded up
- * to whole granules, one chunk per granule while mapped) or a shared page of one granule
- * cut into blocks of one power-of-two size class (`small`), whose single chunk is mapped
- * while any of its blocks is. Regions are kept sorted by address for lookup by pointer.
+ * to whole granules, one chunk of the range's size while mapped) or a shared page of one
+ * granule cut into blocks of one power-of-two size class (`small`), whose single chunk is
+ * mapped while any of its blocks is. Regions are kept sorted by address for lookup by
+ * pointer.
+ *
+ * Why one chunk per large buffer, not one per granule: making a mapping accessible
+ * (cuMemSetAccess) costs about 20 us per physical allocation behind the range, whatever its
+ * size (2 MiB or 512 MiB), and about 1 ms per call while a device-to-host copy runs
+ * (bench/vmm_chunks on an H100, docs/benchmarks.md). Per 2 MiB granule that is as long as
+ * the granule's copy, and an unspill paid it before its copy could start. Pooled chunks are
+ * therefore reused by exact size: a workload's buffers mostly repeat a few sizes, and a
+ * chunk of another size is created (about 10 us) rather than assembled.
  *
  * Why small buffers share pages: a granule is 2 MiB on current GPUs, so a 64 KiB buffer
  * with its own range would pin 32 times its size whenever resident. Sharing costs what a
@@ -23,8 +32,8 @@
  *    unmap came: the count keeps the memory mapped for it, and the late unmap only lowers
  *    the count. The core pairs every map with one unmap, as it pairs allocations and frees;
  *  - page->resident == number of blocks with maps > 0; the page's chunk is mapped iff
- *    resident > 0; a large region's chunks are mapped iff maps > 0;
- *  - pooled chunks are mapped nowhere; npool * gran <= pool_cap.
+ *    resident > 0; a large region's chunk is mapped iff lmaps > 0;
+ *  - pooled chunks are mapped nowhere; pooled_bytes (their sum) <= pool_cap.
  */
 #include "stable_pool.h"
 
@@ -46,7 +55,6 @@ typedef struct region {
   /* large */
   uint32_t lmaps;   /* outstanding maps: mapped iff > 0 */
   int dead;
-  uint64_t *chunks; /* span / gran handles while mapped */
   /* small page */
   uint32_t cls, block, blocks; /* class, block size, blocks per page */
   uint32_t next;               /* blocks [next, blocks) were never handed out */
@@ -56,8 +64,15 @@ typedef struct region {
   uint32_t nfree;
   uint8_t *state;              /* per block: BLOCK_* bits */
   uint16_t *bmaps;             /* per block: outstanding maps */
-  uint64_t chunk;              /* while resident > 0 */
+  /* both: the chunk behind the range (span bytes) while mapped (large: lmaps > 0; small:
+   * resident > 0) */
+  uint64_t chunk;
 } region_t;
+
+typedef struct pooled {
+  uint64_t chunk;
+  size_t bytes;
+} pooled_t;
 
 #define BLOCK_OWNED 0x1u
 #define BLOCK_DEAD 0x4u
@@ -71,9 +86,9 @@ struct spw_stable {
   region_t **regions; /* sorted by va */
   size_t nregions, rcap;
   _Atomic size_t live_regions; /* read without mu: no regions, no lookup */
-  uint64_t *pool;
+  pooled_t *pool; /* unmapped chunks, newest last */
   size_t npool, pcap;
-  uint64_t mapped_bytes, reserved_bytes;
+  uint64_t pooled_bytes, mapped_bytes, reserved_bytes;
 };
 
 int spw__stable_create(const spw_stable_params_t *p, spw_stable_t **out) {
@@ -152,7 +167,6 @@ static void drop(spw_stable_t *sp, region_t *r) {
   }
   (void)sp->p.ops->vm_free(sp->p.be, r->va, r->span);
   sp->reserved_bytes -= r->span;
-  free(r->chunks);
   free(r->free_stack);
   free(r->state);
   free(r->bmaps);
@@ -182,8 +196,7 @@ static int reserve_large(spw_stable_t *sp, size_t bytes, void **out) {
   int st;
   region_t *r = new_region(sp, span, &st);
   if (!r) return st;
-  r->chunks = calloc(span / sp->gran, sizeof *r->chunks);
-  if (!r->chunks || insert(sp, r) != SPW_OK) {
+  if (insert(sp, r) != SPW_OK) {
     drop(sp, r); /* not inserted: drop only frees it */
     return SPW_ERR_SYSTEM;
   }
@@ -261,41 +274,55 @@ void spw__stable_unreserve(spw_stable_t *sp, void *va) {
   pthread_mutex_unlock(&sp->mu);
 }
 
-/* One chunk: from the pool, else a new one. */
-static int chunk_get(spw_stable_t *sp, uint64_t *out) {
-  if (sp->npool > 0) {
-    *out = sp->pool[--sp->npool];
+/* A chunk of `bytes`: the newest pooled one of that size, else a new one. */
+static int chunk_get(spw_stable_t *sp, size_t bytes, uint64_t *out) {
+  for (size_t i = sp->npool; i-- > 0;) {
+    if (sp->pool[i].bytes != bytes) continue;
+    *out = sp->pool[i].chunk;
+    sp->pool[i] = sp->pool[--sp->npool];
+    sp->pooled_bytes -= bytes;
     return SPW_OK;
   }
-  return sp->p.ops->chunk_create(sp->p.be, sp->gran, out);
+  return sp->p.ops->chunk_create(sp->p.be, bytes, out);
 }
 
-/* Back to the pool while it is under its cap, else to the device. */
-static void chunk_put(spw_stable_t *sp, uint64_t c) {
-  if ((uint64_t)(sp->npool + 1) * sp->gran <= sp->p.pool_cap) {
-    uint64_t *g = spw__grow(sp->pool, &sp->pcap, sp->npool + 1, sizeof *g, 64);
+/* Back to the pool, where the oldest pooled chunks make room for it under the cap (sizes in
+ * use change, and the newest chunk is the likeliest to fit the next unspill); a chunk larger
+ * than the cap goes back to the device. */
+static void chunk_put(spw_stable_t *sp, uint64_t c, size_t bytes) {
+  while (bytes <= sp->p.pool_cap && sp->pooled_bytes + bytes > sp->p.pool_cap) {
+    pooled_t old = sp->pool[0];
+    memmove(&sp->pool[0], &sp->pool[1], (sp->npool - 1) * sizeof *sp->pool);
+    sp->npool--;
+    sp->pooled_bytes -= old.bytes;
+    sp->p.ops->chunk_release(sp->p.be, old.chunk, old.bytes);
+  }
+  if (sp->pooled_bytes + bytes <= sp->p.pool_cap) {
+    pooled_t *g = spw__grow(sp->pool, &sp->pcap, sp->npool + 1, sizeof *g, 64);
     if (g) {
       sp->pool = g;
-      sp->pool[sp->npool++] = c;
+      sp->pool[sp->npool++] = (pooled_t){c, bytes};
+      sp->pooled_bytes += bytes;
       return;
     }
   }
-  sp->p.ops->chunk_release(sp->p.be, c, sp->gran);
+  sp->p.ops->chunk_release(sp->p.be, c, bytes);
 }
 
-static int map_chunk(spw_stable_t *sp, uint8_t *at, uint64_t *chunk) {
-  int st = chunk_get(sp, chunk);
+/* The region's chunk, all `span` bytes of it, at its address. */
+static int map_region(spw_stable_t *sp, region_t *r) {
+  int st = chunk_get(sp, r->span, &r->chunk);
   if (st != SPW_OK) return st;
-  st = sp->p.ops->chunk_map(sp->p.be, at, sp->gran, *chunk);
-  if (st != SPW_OK) chunk_put(sp, *chunk);
-  else sp->mapped_bytes += sp->gran;
+  st = sp->p.ops->chunk_map(sp->p.be, r->va, r->span, r->chunk);
+  if (st != SPW_OK) chunk_put(sp, r->chunk, r->span);
+  else sp->mapped_bytes += r->span;
   return st;
 }
 
-static void unmap_chunk(spw_stable_t *sp, uint8_t *at, uint64_t chunk) {
+static void unmap_region(spw_stable_t *sp, region_t *r) {
   /* A failed unmap leaves the chunk mapped: it cannot be reused, so it is not pooled. */
-  if (sp->p.ops->chunk_unmap(sp->p.be, at, sp->gran) == SPW_OK) chunk_put(sp, chunk);
-  sp->mapped_bytes -= sp->gran;
+  if (sp->p.ops->chunk_unmap(sp->p.be, r->va, r->span) == SPW_OK) chunk_put(sp, r->chunk, r->span);
+  sp->mapped_bytes -= r->span;
 }
 
 int spw__stable_map(spw_stable_t *sp, void *va) {
@@ -306,18 +333,12 @@ int spw__stable_map(spw_stable_t *sp, void *va) {
     r->lmaps++; /* still mapped: an unmap is on its way (see the invariants) */
     st = SPW_OK;
   } else if (r && !r->small && r->va == va && !r->dead) {
-    size_t n = r->span / sp->gran, i;
-    st = SPW_OK;
-    for (i = 0; i < n && st == SPW_OK; i++) st = map_chunk(sp, r->va + i * sp->gran, &r->chunks[i]);
-    if (st != SPW_OK) {
-      for (size_t k = 0; k + 1 < i; k++) unmap_chunk(sp, r->va + k * sp->gran, r->chunks[k]);
-    } else {
-      r->lmaps = 1;
-    }
+    st = map_region(sp, r);
+    if (st == SPW_OK) r->lmaps = 1;
   } else if (r && r->small) {
     uint32_t b = block_of(r, va);
     if (b != UINT32_MAX && b < r->next && r->state[b] == BLOCK_OWNED && r->bmaps[b] < UINT16_MAX) {
-      st = r->resident > 0 ? SPW_OK : map_chunk(sp, r->va, &r->chunk);
+      st = r->resident > 0 ? SPW_OK : map_region(sp, r);
       if (st == SPW_OK && r->bmaps[b]++ == 0) r->resident++;
     }
   }
@@ -331,8 +352,7 @@ int spw__stable_unmap(spw_stable_t *sp, void *va) {
   region_t *r = find(sp, va, NULL);
   if (r && !r->small && r->va == va && r->lmaps > 0) {
     if (--r->lmaps == 0) {
-      for (size_t i = 0; i < r->span / sp->gran; i++)
-        unmap_chunk(sp, r->va + i * sp->gran, r->chunks[i]);
+      unmap_region(sp, r);
       if (r->dead) drop(sp, r);
     }
     st = SPW_OK;
@@ -340,7 +360,7 @@ int spw__stable_unmap(spw_stable_t *sp, void *va) {
     uint32_t b = block_of(r, va);
     if (b != UINT32_MAX && b < r->next && r->bmaps[b] > 0) {
       if (--r->bmaps[b] == 0) {
-        if (--r->resident == 0) unmap_chunk(sp, r->va, r->chunk);
+        if (--r->resident == 0) unmap_region(sp, r);
         if (r->state[b] & BLOCK_DEAD) free_block(sp, r, b);
       }
       st = SPW_OK;
@@ -351,7 +371,7 @@ int spw__stable_unmap(spw_stable_t *sp, void *va) {
 }
 
 int spw__stable_share(spw_stable_t *sp, const void *va, int **fds, uint64_t **fd_offsets,
-                      size_t *n, size_t *gran, size_t *offset) {
+                      size_t *n, size_t *chunk_bytes, size_t *offset) {
   pthread_mutex_lock(&sp->mu);
   region_t *r = find(sp, va, NULL);
   const uint64_t *chunks = NULL;
@@ -359,8 +379,8 @@ int spw__stable_share(spw_stable_t *sp, const void *va, int **fds, uint64_t **fd
   int st = SPW_ERR_INVALID_ARG;
   if (r && !r->small && r->va == va && !r->dead) {
     st = r->lmaps > 0 ? SPW_OK : SPW_ERR_NOT_LOCKED;
-    chunks = r->chunks;
-    count = r->span / sp->gran;
+    chunks = &r->chunk;
+    count = 1;
   } else if (r && r->small) {
     uint32_t b = block_of(r, va);
     if (b != UINT32_MAX && b < r->next && r->state[b] == BLOCK_OWNED) {
@@ -381,7 +401,7 @@ int spw__stable_share(spw_stable_t *sp, const void *va, int **fds, uint64_t **fd
   for (; st == SPW_OK && i < count; i++)
     st = sp->p.ops->chunk_export(sp->p.be, chunks[i], &f[i], &o[i]);
   if (st == SPW_OK) {
-    *gran = sp->gran;
+    *chunk_bytes = r->span;
     *offset = (size_t)((const uint8_t *)va - r->va);
   }
   pthread_mutex_unlock(&sp->mu);
@@ -407,9 +427,11 @@ int spw__stable_owns(spw_stable_t *sp, const void *ptr) {
 
 uint64_t spw__stable_trim(spw_stable_t *sp) {
   pthread_mutex_lock(&sp->mu);
-  uint64_t released = (uint64_t)sp->npool * sp->gran;
-  for (size_t i = 0; i < sp->npool; i++) sp->p.ops->chunk_release(sp->p.be, sp->pool[i], sp->gran);
+  uint64_t released = sp->pooled_bytes;
+  for (size_t i = 0; i < sp->npool; i++)
+    sp->p.ops->chunk_release(sp->p.be, sp->pool[i].chunk, sp->pool[i].bytes);
   sp->npool = 0;
+  sp->pooled_bytes = 0;
   pthread_mutex_unlock(&sp->mu);
   return released;
 }
@@ -417,7 +439,7 @@ uint64_t spw__stable_trim(spw_stable_t *sp) {
 void spw__stable_usage(spw_stable_t *sp, uint64_t *mapped, uint64_t *pooled, uint64_t *reserved) {
   pthread_mutex_lock(&sp->mu);
   if (mapped) *mapped = sp->mapped_bytes;
-  if (pooled) *pooled = (uint64_t)sp->npool * sp->gran;
+  if (pooled) *pooled = sp->pooled_bytes;
   if (reserved) *reserved = sp->reserved_bytes;
   pthread_mutex_unlock(&sp->mu);
 }
@@ -427,10 +449,7 @@ void spw__stable_destroy(spw_stable_t *sp) {
   /* Whatever is left (a runtime closed with buffers): unmap, then give the ranges back. */
   while (sp->nregions > 0) {
     region_t *r = sp->regions[sp->nregions - 1];
-    if (!r->small && r->lmaps > 0)
-      for (size_t i = 0; i < r->span / sp->gran; i++)
-        unmap_chunk(sp, r->va + i * sp->gran, r->chunks[i]);
-    if (r->small && r->resident > 0) unmap_chunk(sp, r->va, r->chunk);
+    if (r->small ? r->resident > 0 : r->lmaps > 0) unmap_region(sp, r);
     drop(sp, r);
   }
   spw__stable_trim(sp);

@@ -5,10 +5,11 @@
  * A stable buffer owns an address range from spw__stable_reserve to spw__stable_unreserve;
  * between them its memory is mapped (spw__stable_map) and unmapped (spw__stable_unmap) as it
  * comes to the device and leaves it, always at the same address. Buffers of at least one
- * granule get a range of their own, rounded up to whole granules; smaller ones get a block
- * of a shared page (one granule), whose chunk is mapped while any block of it is mapped.
- * Physical chunks, one granule each, are pooled: an unmap gives its chunks to the pool (up
- * to a cap), a map takes them from it before creating new ones.
+ * granule get a range of their own, rounded up to whole granules, and one physical chunk of
+ * that size while mapped; smaller ones get a block of a shared page (one granule), whose
+ * chunk is mapped while any block of it is mapped. Chunks are pooled: an unmap gives its
+ * chunk to the pool (the oldest pooled ones go back to the device past a cap), a map takes
+ * one of the same size from it before creating one.
  *
  * Order of calls per buffer: reserve, then maps and unmaps, each map paired with one unmap,
  * then unreserve. Maps are counted: a map while the memory is still mapped (a spill that
@@ -60,13 +61,14 @@ int spw__stable_unmap(spw_stable_t *sp, void *va);
 int spw__stable_owns(spw_stable_t *sp, const void *ptr);
 
 /* What another process needs to map the mapped memory of the buffer at `va` (config.ipc):
- * a descriptor and an offset per chunk behind it (chunk_export: a large buffer's chunks in
- * order, a small buffer's page chunk), the granule, and the buffer's offset in the first.
+ * a descriptor and an offset per chunk behind it (chunk_export: a large buffer's chunk, a
+ * small buffer's page chunk: one either way), the size of each (a whole number of
+ * granules), and the buffer's offset in the first.
  * The arrays are malloc'ed; the caller closes the descriptors and frees both. Errors:
  * SPW_ERR_NOT_LOCKED (not mapped: not resident), SPW_ERR_INVALID_ARG (not a buffer's
  * range), SPW_ERR_SYSTEM, the backend's (SPW_ERR_UNSUPPORTED: chunks not exportable). */
 int spw__stable_share(spw_stable_t *sp, const void *va, int **fds, uint64_t **fd_offsets,
-                      size_t *n, size_t *gran, size_t *offset);
+                      size_t *n, size_t *chunk_bytes, size_t *offset);
 /* Gives every pooled chunk back to the device; returns the bytes released. */
 uint64_t spw__stable_trim(spw_stable_t *sp);
 

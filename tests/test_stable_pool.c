@@ -4,11 +4,15 @@
  * promises the core, checked call by call without a runtime's timing in the way. Maps are
  * counted (a map of a mapped buffer keeps its memory, the matching unmap only lowers the
  * count), an unreserve that overtakes the last unmap leaves the range to that unmap, small
- * buffers share a page whose chunk goes with its last mapped block, unmapped chunks are
- * pooled up to the cap and trimmed, and the bytes survive an unmap and a map at the same
+ * buffers share a page whose chunk goes with its last mapped block, a large buffer is one
+ * chunk of its range's size, unmapped chunks are pooled by size up to the cap (the oldest
+ * go first) and trimmed, and the bytes survive an unmap and a map at the same
  * address only as far as the caller copies them (the pool reuses chunks). */
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
+
+#include <unistd.h>
 
 #include "backend.h"
 #include "stable_pool.h"
@@ -114,27 +118,87 @@ static void small_buffers_share_a_page_mapped_while_any_block_is(void) {
   ASSERT_UEQ(reserved(), 0);
 }
 
-static void unmapped_chunks_are_pooled_up_to_the_cap_and_trimmed(void) {
-  /* A cap of 2 granules: an unmap of 4 pools 2 and releases 2. */
+static size_t device_free(void) {
+  size_t f = 0;
+  ASSERT_OK(spw__backend_host_ops.mem_info(be, &f, NULL));
+  return f;
+}
+
+static void unmapped_chunks_are_pooled_by_size_up_to_the_cap_and_trimmed(void) {
+  /* A cap of 4 granules; buffers of 2, 2 and 3 granules. */
+  after();
+  open_pool(4 * (uint64_t)(64 << 10));
+  ASSERT_UEQ(gran, 64 << 10);
+  void *a = NULL, *b = NULL, *c = NULL;
+  ASSERT_OK(spw__stable_reserve(sp, 2 * gran, &a));
+  ASSERT_OK(spw__stable_reserve(sp, 2 * gran, &b));
+  ASSERT_OK(spw__stable_reserve(sp, 3 * gran, &c));
+  const size_t empty = device_free();
+  ASSERT_OK(spw__stable_map(sp, a));
+  ASSERT_OK(spw__stable_unmap(sp, a));
+  ASSERT_UEQ(pooled(), 2 * gran);
+  ASSERT_UEQ(device_free(), empty - 2 * gran); /* pooled memory stays taken */
+  /* A map of the same size takes the pooled chunk: no new memory. */
+  ASSERT_OK(spw__stable_map(sp, b));
+  ASSERT_UEQ(pooled(), 0);
+  ASSERT_UEQ(device_free(), empty - 2 * gran);
+  ASSERT_OK(spw__stable_unmap(sp, b));
+  /* Another size makes its own chunk and leaves the pooled one. */
+  ASSERT_OK(spw__stable_map(sp, c));
+  ASSERT_UEQ(pooled(), 2 * gran);
+  ASSERT_UEQ(device_free(), empty - 5 * gran);
+  /* Pooling it passes the cap: the oldest pooled chunk goes back to the device. */
+  ASSERT_OK(spw__stable_unmap(sp, c));
+  ASSERT_UEQ(pooled(), 3 * gran);
+  ASSERT_UEQ(device_free(), empty - 3 * gran);
+  ASSERT_UEQ(spw__stable_trim(sp), 3 * gran);
+  ASSERT_UEQ(pooled(), 0);
+  ASSERT_UEQ(device_free(), empty);
+  spw__stable_unreserve(sp, a);
+  spw__stable_unreserve(sp, b);
+  spw__stable_unreserve(sp, c);
+}
+
+static void a_chunk_larger_than_the_cap_goes_back_at_its_unmap(void) {
   after();
   open_pool(2 * (uint64_t)(64 << 10));
-  ASSERT_UEQ(gran, 64 << 10);
   void *va = NULL;
   ASSERT_OK(spw__stable_reserve(sp, 4 * gran, &va));
+  const size_t empty = device_free();
   ASSERT_OK(spw__stable_map(sp, va));
-  size_t free_before = 0;
-  ASSERT_OK(spw__backend_host_ops.mem_info(be, &free_before, NULL));
+  ASSERT_UEQ(device_free(), empty - 4 * gran);
   ASSERT_OK(spw__stable_unmap(sp, va));
-  ASSERT_UEQ(pooled(), 2 * gran);
-  size_t free_after = 0;
-  ASSERT_OK(spw__backend_host_ops.mem_info(be, &free_after, NULL));
-  ASSERT_UEQ(free_after - free_before, 2 * gran);
-  /* A map takes the pooled chunks first. */
+  ASSERT_UEQ(pooled(), 0);
+  ASSERT_UEQ(device_free(), empty);
+  spw__stable_unreserve(sp, va);
+}
+
+static void a_large_buffer_is_one_chunk_of_its_range(void) {
+  /* One mapping per buffer, not one per granule: what makes a map cost one cuMemSetAccess
+   * (stable_pool.c). Seen through what an export hands out: one descriptor, the range's
+   * size. */
+  after();
+  spw_backend_params_t p = {.device = 0, .host_device_bytes = (uint64_t)64 << 20,
+                            .vm_shareable = 1};
+  ASSERT_OK(spw__backend_host_ops.create(&p, &be));
+  spw_stable_params_t sp_p = {&spw__backend_host_ops, be, (uint64_t)1 << 20};
+  ASSERT_OK(spw__stable_create(&sp_p, &sp));
+  ASSERT_OK(spw__stable_granularity(sp, &gran));
+  void *va = NULL;
+  ASSERT_OK(spw__stable_reserve(sp, 5 * gran + 7, &va));
   ASSERT_OK(spw__stable_map(sp, va));
-  ASSERT_UEQ(pooled(), 0);
+  memset(va, 0x3C, 5 * gran + 7);
+  int *fds = NULL;
+  uint64_t *offs = NULL;
+  size_t n = 0, chunk = 0, offset = 99;
+  ASSERT_OK(spw__stable_share(sp, va, &fds, &offs, &n, &chunk, &offset));
+  ASSERT_UEQ(n, 1);
+  ASSERT_UEQ(chunk, 6 * gran);
+  ASSERT_UEQ(offset, 0);
+  close(fds[0]);
+  free(fds);
+  free(offs);
   ASSERT_OK(spw__stable_unmap(sp, va));
-  ASSERT_UEQ(spw__stable_trim(sp), 2 * gran);
-  ASSERT_UEQ(pooled(), 0);
   spw__stable_unreserve(sp, va);
 }
 
@@ -170,8 +234,11 @@ static const spw_test_t tests[] = {
      an_unreserve_before_the_last_unmap_leaves_the_range_to_it},
     {"small_buffers_share_a_page_mapped_while_any_block_is",
      small_buffers_share_a_page_mapped_while_any_block_is},
-    {"unmapped_chunks_are_pooled_up_to_the_cap_and_trimmed",
-     unmapped_chunks_are_pooled_up_to_the_cap_and_trimmed},
+    {"unmapped_chunks_are_pooled_by_size_up_to_the_cap_and_trimmed",
+     unmapped_chunks_are_pooled_by_size_up_to_the_cap_and_trimmed},
+    {"a_chunk_larger_than_the_cap_goes_back_at_its_unmap",
+     a_chunk_larger_than_the_cap_goes_back_at_its_unmap},
+    {"a_large_buffer_is_one_chunk_of_its_range", a_large_buffer_is_one_chunk_of_its_range},
     {"a_chunk_the_device_refuses_maps_nothing", a_chunk_the_device_refuses_maps_nothing},
     {"addresses_that_are_no_buffer_are_refused", addresses_that_are_no_buffer_are_refused},
 };

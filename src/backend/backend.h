@@ -184,7 +184,8 @@ typedef struct spw_backend_ops {
    *  - chunk_import: a chunk of `bytes` from such a descriptor and offset (the caller may
    *    close the descriptor afterwards), mapped and released like any other chunk; it does
    *    not count against this device.
-   * The chunk handle is opaque (a CUmemGenericAllocationHandle; host: an offset). */
+   * The chunk handle is opaque (a CUmemGenericAllocationHandle; host: an offset in one
+   * memfd, or an entry of a table of descriptors). */
   int (*vm_granularity)(spw_backend_t *b, size_t *out);
   int (*vm_reserve)(spw_backend_t *b, size_t bytes, void **out);
   int (*vm_free)(spw_backend_t *b, void *va, size_t bytes);

@@ -46,8 +46,9 @@
  * suite's buffers (4 KiB to a few MiB, under budgets of a few MiB) exercise both the shared
  * small pages and the multi-chunk ranges, and a multiple of any page size Linux uses. */
 #define HOST_VM_GRANULE ((size_t)64 << 10)
-/* Tags an imported chunk's handle (host_chunk_import); offsets of our own never reach it. */
-#define HOST_CHUNK_IMPORTED (1ull << 63)
+/* Tags a chunk that has a descriptor of its own (an entry of fd_chunks: imported, or one of
+ * several granules); offsets in vm_fd never reach it. */
+#define HOST_CHUNK_FD (1ull << 63)
 
 /* Precedes every block handed out; HOST_ALIGN bytes so that the block stays aligned. */
 typedef struct host_block {
@@ -148,14 +149,16 @@ struct spw_backend {
   uint64_t *vm_free;          /* offsets given back, reused first */
   size_t vm_nfree, vm_cap;
   int vm_shareable;           /* chunk_export allowed (config.ipc) */
-  /* Chunks imported from other processes (chunk_import): another memfd and an offset in
-   * it. Their handles carry HOST_CHUNK_IMPORTED and index this table; a free entry has
-   * fd -1. Under mu. */
-  struct host_import {
+  /* Chunks with a descriptor of their own: imported from another process (chunk_import:
+   * its memfd and an offset in it), or ours of more than one granule (a memfd each, so that
+   * no run of contiguous offsets is needed in vm_fd; `own` is their size). Their handles
+   * carry HOST_CHUNK_FD and index this table; a free entry has fd -1. Under mu. */
+  struct host_fd_chunk {
     int fd;
     uint64_t offset;
-  } *imports;
-  size_t nimports, imports_cap;
+    size_t own; /* bytes counted in `allocated`; 0 for an imported chunk */
+  } *fd_chunks;
+  size_t nfd_chunks, fd_chunks_cap;
 
   spw_host_ipc_t *ipc; /* regions shared with other processes; NULL until the first */
 };
@@ -430,9 +433,9 @@ static void host_destroy(spw_backend_t *b) {
   }
   if (b->vm_fd >= 0) close(b->vm_fd);
   free(b->vm_free);
-  for (size_t i = 0; i < b->nimports; i++)
-    if (b->imports[i].fd >= 0) close(b->imports[i].fd);
-  free(b->imports);
+  for (size_t i = 0; i < b->nfd_chunks; i++)
+    if (b->fd_chunks[i].fd >= 0) close(b->fd_chunks[i].fd);
+  free(b->fd_chunks);
   spw__host_ipc_destroy(b->ipc);
   pthread_mutex_destroy(&b->mu);
   free(b);
@@ -884,8 +887,45 @@ static int host_vm_free(spw_backend_t *b, void *va, size_t bytes) {
   return munmap(va, bytes) == 0 ? SPW_OK : report_errno(b, "munmap", errno);
 }
 
+/* A free entry of fd_chunks for `fd` (mu held); its handle in *out. */
+static int fd_chunk_add(spw_backend_t *b, int fd, uint64_t offset, size_t own, uint64_t *out) {
+  size_t i = 0;
+  while (i < b->nfd_chunks && b->fd_chunks[i].fd >= 0) i++;
+  if (i == b->nfd_chunks) {
+    struct host_fd_chunk *g = spw__grow(b->fd_chunks, &b->fd_chunks_cap, i + 1, sizeof *g, 8);
+    if (!g) return SPW_ERR_SYSTEM;
+    b->fd_chunks = g;
+    b->nfd_chunks++;
+  }
+  b->fd_chunks[i] = (struct host_fd_chunk){fd, offset, own};
+  *out = HOST_CHUNK_FD | i;
+  return SPW_OK;
+}
+
+/* A chunk of several granules: a memfd of its own, sparse as vm_fd is. */
+static int host_chunk_create_large(spw_backend_t *b, size_t bytes, uint64_t *out) {
+  pthread_mutex_lock(&b->mu);
+  int st = bytes > b->capacity - b->allocated ? SPW_ERR_OUT_OF_MEMORY : SPW_OK;
+  if (st == SPW_OK) b->allocated += bytes; /* taken now: the capacity check is atomic */
+  pthread_mutex_unlock(&b->mu);
+  if (st != SPW_OK) {
+    report(b, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory (host backend: emulated device "
+                                          "capacity exhausted)");
+    return st;
+  }
+  int fd = memfd_create("spillway-vm-chunk", MFD_CLOEXEC);
+  if (fd < 0 || ftruncate(fd, (off_t)bytes) != 0) st = report_errno(b, fd < 0 ? "memfd_create" : "ftruncate", errno);
+  pthread_mutex_lock(&b->mu);
+  if (st == SPW_OK) st = fd_chunk_add(b, fd, 0, bytes, out);
+  if (st != SPW_OK) b->allocated -= bytes;
+  pthread_mutex_unlock(&b->mu);
+  if (st != SPW_OK && fd >= 0) close(fd);
+  return st;
+}
+
 static int host_chunk_create(spw_backend_t *b, size_t bytes, uint64_t *out) {
-  if (bytes != HOST_VM_GRANULE) return SPW_ERR_INVALID_ARG;
+  if (bytes == 0 || bytes % HOST_VM_GRANULE) return SPW_ERR_INVALID_ARG;
+  if (bytes > HOST_VM_GRANULE) return host_chunk_create_large(b, bytes, out);
   pthread_mutex_lock(&b->mu);
   int st = SPW_OK;
   if (bytes > b->capacity - b->allocated) {
@@ -918,20 +958,25 @@ static int host_chunk_create(spw_backend_t *b, size_t bytes, uint64_t *out) {
   return st;
 }
 
-/* An imported chunk's entry, or NULL for one of our own (mu held). */
-static struct host_import *imported(spw_backend_t *b, uint64_t chunk) {
-  if (!(chunk & HOST_CHUNK_IMPORTED)) return NULL;
-  uint64_t i = chunk & ~HOST_CHUNK_IMPORTED;
-  return i < b->nimports && b->imports[i].fd >= 0 ? &b->imports[i] : NULL;
+/* The entry of a chunk with a descriptor of its own, or NULL for a granule of vm_fd (mu
+ * held). */
+static struct host_fd_chunk *fd_chunk(spw_backend_t *b, uint64_t chunk) {
+  if (!(chunk & HOST_CHUNK_FD)) return NULL;
+  uint64_t i = chunk & ~HOST_CHUNK_FD;
+  return i < b->nfd_chunks && b->fd_chunks[i].fd >= 0 ? &b->fd_chunks[i] : NULL;
 }
 
 static void host_chunk_release(spw_backend_t *b, uint64_t chunk, size_t bytes) {
-  if (chunk & HOST_CHUNK_IMPORTED) {
-    /* The exporter's memory: only our hold on it goes. */
+  if (chunk & HOST_CHUNK_FD) {
+    /* Closing the descriptor gives the memory back once no mapping holds it; an imported
+     * chunk is the exporter's memory, and only our hold on it goes. */
     pthread_mutex_lock(&b->mu);
-    struct host_import *im = imported(b, chunk);
-    int fd = im ? im->fd : -1;
-    if (im) im->fd = -1;
+    struct host_fd_chunk *c = fd_chunk(b, chunk);
+    int fd = c ? c->fd : -1;
+    if (c) {
+      b->allocated -= c->own;
+      c->fd = -1;
+    }
     pthread_mutex_unlock(&b->mu);
     if (fd >= 0) close(fd);
     return;
@@ -952,11 +997,11 @@ static void host_chunk_release(spw_backend_t *b, uint64_t chunk, size_t bytes) {
 static int host_chunk_map(spw_backend_t *b, void *va, size_t bytes, uint64_t chunk) {
   int fd = b->vm_fd;
   uint64_t offset = chunk;
-  if (chunk & HOST_CHUNK_IMPORTED) {
+  if (chunk & HOST_CHUNK_FD) {
     pthread_mutex_lock(&b->mu);
-    struct host_import *im = imported(b, chunk);
-    fd = im ? im->fd : -1;
-    offset = im ? im->offset : 0;
+    struct host_fd_chunk *c = fd_chunk(b, chunk);
+    fd = c ? c->fd : -1;
+    offset = c ? c->offset : 0;
     pthread_mutex_unlock(&b->mu);
     if (fd < 0) return SPW_ERR_INVALID_ARG;
   }
@@ -973,42 +1018,33 @@ static int host_chunk_unmap(spw_backend_t *b, void *va, size_t bytes) {
 }
 
 static int host_chunk_export(spw_backend_t *b, uint64_t chunk, int *fd, uint64_t *fd_offset) {
-  if (!fd || !fd_offset || (chunk & HOST_CHUNK_IMPORTED)) return SPW_ERR_INVALID_ARG;
+  if (!fd || !fd_offset) return SPW_ERR_INVALID_ARG;
   if (!b->vm_shareable) return SPW_ERR_UNSUPPORTED;
   pthread_mutex_lock(&b->mu);
   int own = b->vm_fd;
+  uint64_t offset = chunk;
+  if (chunk & HOST_CHUNK_FD) { /* ours of several granules, never an imported one */
+    struct host_fd_chunk *c = fd_chunk(b, chunk);
+    own = c && c->own ? c->fd : -1;
+    offset = c ? c->offset : 0;
+  }
   pthread_mutex_unlock(&b->mu);
   if (own < 0) return SPW_ERR_INVALID_ARG; /* no chunk was ever created */
   int d = fcntl(own, F_DUPFD_CLOEXEC, 0);
   if (d < 0) return report_errno(b, "fcntl(F_DUPFD_CLOEXEC)", errno);
   *fd = d;
-  *fd_offset = chunk;
+  *fd_offset = offset;
   return SPW_OK;
 }
 
 static int host_chunk_import(spw_backend_t *b, int fd, uint64_t fd_offset, size_t bytes,
                              uint64_t *chunk) {
-  if (fd < 0 || !chunk || bytes != HOST_VM_GRANULE || fd_offset % HOST_VM_GRANULE)
+  if (fd < 0 || !chunk || bytes == 0 || bytes % HOST_VM_GRANULE || fd_offset % HOST_VM_GRANULE)
     return SPW_ERR_INVALID_ARG;
   int d = fcntl(fd, F_DUPFD_CLOEXEC, 0);
   if (d < 0) return report_errno(b, "fcntl(F_DUPFD_CLOEXEC)", errno);
   pthread_mutex_lock(&b->mu);
-  size_t i = 0;
-  while (i < b->nimports && b->imports[i].fd >= 0) i++;
-  int st = SPW_OK;
-  if (i == b->nimports) {
-    struct host_import *g = spw__grow(b->imports, &b->imports_cap, i + 1, sizeof *g, 8);
-    if (g) {
-      b->imports = g;
-      b->nimports++;
-    } else {
-      st = SPW_ERR_SYSTEM;
-    }
-  }
-  if (st == SPW_OK) {
-    b->imports[i] = (struct host_import){d, fd_offset};
-    *chunk = HOST_CHUNK_IMPORTED | i;
-  }
+  int st = fd_chunk_add(b, d, fd_offset, 0, chunk);
   pthread_mutex_unlock(&b->mu);
   if (st != SPW_OK) close(d);
   return st;

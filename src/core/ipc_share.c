@@ -53,7 +53,7 @@ typedef struct share_reply {
   int32_t status;
   uint32_t total, count; /* chunks in all, and descriptors with this message */
   uint32_t reserved;
-  uint64_t gran, offset; /* the granule; the buffer's offset in its first chunk */
+  uint64_t chunk, offset; /* each chunk's bytes; the buffer's offset in the first */
   uint64_t fd_offsets[SHARE_FDS_PER_MSG];
 } share_reply_t;
 
@@ -147,7 +147,7 @@ static int find_export(spw_ipc_server_t *sv, const share_request_t *req, spw_buf
 
 /* The descriptors of the buffer's chunks, if it is still resident and locked. */
 static int share_buffer(spw_runtime_t *rt, spw_buf_t buf, int **fds, uint64_t **offs,
-                        size_t *n, size_t *gran, size_t *offset) {
+                        size_t *n, size_t *chunk, size_t *offset) {
   spw_slot_t *s;
   uint64_t w;
   int st = spw__handles_lookup(&rt->handles, buf, &s, &w);
@@ -157,7 +157,7 @@ static int share_buffer(spw_runtime_t *rt, spw_buf_t buf, int **fds, uint64_t **
   if (!va || spw__w_count(w) == 0 || spw__w_state(w) != SPW_STATE_RESIDENT)
     return SPW_ERR_NOT_LOCKED;
   /* The pool checks again, under its own lock, that the memory is mapped. */
-  return spw__stable_share(rt->stable, va, fds, offs, n, gran, offset);
+  return spw__stable_share(rt->stable, va, fds, offs, n, chunk, offset);
 }
 
 static void serve(spw_ipc_server_t *sv, int conn) {
@@ -166,16 +166,16 @@ static void serve(spw_ipc_server_t *sv, int conn) {
   share_reply_t r = {.status = SPW_ERR_INVALID_ARG};
   int *fds = NULL;
   uint64_t *offs = NULL;
-  size_t n = 0, gran = 0, offset = 0;
+  size_t n = 0, chunk = 0, offset = 0;
   spw_buf_t buf;
   if (find_export(sv, &req, &buf))
-    r.status = share_buffer(sv->rt, buf, &fds, &offs, &n, &gran, &offset);
+    r.status = share_buffer(sv->rt, buf, &fds, &offs, &n, &chunk, &offset);
   if (r.status != SPW_OK) {
     (void)send_reply(conn, &r, NULL);
     return;
   }
   r.total = (uint32_t)n;
-  r.gran = gran;
+  r.chunk = chunk;
   r.offset = offset;
   for (size_t at = 0; at < n;) {
     r.count = (uint32_t)(n - at < SHARE_FDS_PER_MSG ? n - at : SHARE_FDS_PER_MSG);
@@ -344,7 +344,7 @@ static int recv_reply(int conn, share_reply_t *r, int fds[SHARE_FDS_PER_MSG]) {
 typedef struct shared {
   int *fds;
   uint64_t *offs;
-  size_t n, gran, offset;
+  size_t n, chunk, offset; /* descriptors; each chunk's bytes; the buffer's offset */
 } shared_t;
 
 static void shared_drop(shared_t *sh) {
@@ -396,12 +396,14 @@ static int ask(spw_runtime_t *rt, const spw_ipc_handle_t *h, const share_ref_t *
     }
     if (!sh.fds) { /* the first answer says how many, and where the buffer lies */
       total = r.total;
-      sh.gran = r.gran;
+      sh.chunk = r.chunk;
       sh.offset = r.offset;
-      /* Exactly the chunks that hold the handle's bytes: an answer cannot make this
-       * process allocate or wait for more than the handle says. */
-      int sane = r.gran > 0 && r.offset < r.gran && h->bytes <= SIZE_MAX / 4 &&
-                 total == (r.offset + h->bytes + r.gran - 1) / r.gran;
+      /* Exactly the chunks that hold the handle's bytes (their size against this device's
+       * granule is checked by the caller): an answer cannot make this process allocate or
+       * wait for more than the handle says. */
+      int sane = r.chunk > 0 && r.chunk <= SIZE_MAX / 4 && r.offset < r.chunk &&
+                 h->bytes <= SIZE_MAX / 4 &&
+                 total == (r.offset + h->bytes + r.chunk - 1) / r.chunk;
       sh.fds = sane ? malloc(total * sizeof *sh.fds) : NULL;
       sh.offs = sane ? malloc(total * sizeof *sh.offs) : NULL;
       if (!sh.fds || !sh.offs) {
@@ -435,10 +437,10 @@ static int ask(spw_runtime_t *rt, const spw_ipc_handle_t *h, const share_ref_t *
 void spw__ipc_unmap_chunks(spw_runtime_t *rt, const spw_ipc_opened_t *o) {
   /* Whole chunks, one at a time: the imported ones may not share one mapping. */
   for (size_t i = 0; i < o->nchunks; i++) {
-    (void)rt->ops->chunk_unmap(rt->be, (char *)o->base + i * o->gran, o->gran);
-    rt->ops->chunk_release(rt->be, o->chunks[i], o->gran);
+    (void)rt->ops->chunk_unmap(rt->be, (char *)o->base + i * o->chunk_bytes, o->chunk_bytes);
+    rt->ops->chunk_release(rt->be, o->chunks[i], o->chunk_bytes);
   }
-  (void)rt->ops->vm_free(rt->be, o->base, o->nchunks * o->gran);
+  (void)rt->ops->vm_free(rt->be, o->base, o->nchunks * o->chunk_bytes);
   free(o->chunks);
 }
 
@@ -454,21 +456,26 @@ int spw__ipc_open_chunks(spw_runtime_t *rt, const spw_ipc_handle_t *h, spw_ipc_o
                                   "address-stable buffer's handle needs");
   shared_t sh;
   if ((st = ask(rt, h, &ref, &sh)) != SPW_OK) return st;
-  if (sh.gran != gran) {
+  /* Whole granules of this device, and no more of them than the buffer's bytes need. */
+  size_t need = (sh.offset + h->bytes + gran - 1) / gran * gran;
+  if (sh.chunk % gran || sh.n * sh.chunk > need) {
+    size_t chunk = sh.chunk;
     shared_drop(&sh);
     return spw__set_error(rt, SPW_ERR_INVALID_ARG,
-                          "the exporter's chunks are of %zu bytes, this device's of %zu", sh.gran,
-                          gran);
+                          "the exporter's chunks of %zu bytes do not fit this device's granule "
+                          "of %zu for a buffer of %llu bytes", chunk, gran,
+                          (unsigned long long)h->bytes);
   }
-  spw_ipc_opened_t o = {.gran = gran, .chunks = calloc(sh.n, sizeof *o.chunks)};
-  st = o.chunks ? rt->ops->vm_reserve(rt->be, sh.n * gran, &o.base) : SPW_ERR_SYSTEM;
+  const size_t chunk = sh.chunk;
+  spw_ipc_opened_t o = {.chunk_bytes = chunk, .chunks = calloc(sh.n, sizeof *o.chunks)};
+  st = o.chunks ? rt->ops->vm_reserve(rt->be, sh.n * chunk, &o.base) : SPW_ERR_SYSTEM;
   for (; st == SPW_OK && o.nchunks < sh.n; o.nchunks++) {
     size_t i = o.nchunks;
-    st = rt->ops->chunk_import(rt->be, sh.fds[i], sh.offs[i], gran, &o.chunks[i]);
+    st = rt->ops->chunk_import(rt->be, sh.fds[i], sh.offs[i], chunk, &o.chunks[i]);
     if (st != SPW_OK) break;
-    st = rt->ops->chunk_map(rt->be, (char *)o.base + i * gran, gran, o.chunks[i]);
+    st = rt->ops->chunk_map(rt->be, (char *)o.base + i * chunk, chunk, o.chunks[i]);
     if (st != SPW_OK) {
-      rt->ops->chunk_release(rt->be, o.chunks[i], gran);
+      rt->ops->chunk_release(rt->be, o.chunks[i], chunk);
       break;
     }
   }

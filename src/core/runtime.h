@@ -73,7 +73,7 @@ typedef struct spw_ipc_opened {
   void *dptr; /* what spw_ipc_open returned */
   void *base; /* the region the backend mapped, or the range the chunks are mapped in */
   uint64_t *chunks; /* imported chunks (a stable buffer's handle), else NULL */
-  size_t nchunks, gran;
+  size_t nchunks, chunk_bytes; /* how many, and the bytes of each */
 } spw_ipc_opened_t;
 
 typedef struct spw_ipc_server spw_ipc_server_t; /* ipc_share.c */
