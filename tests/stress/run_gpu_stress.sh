@@ -103,5 +103,6 @@ for r in "${runs[@]}"; do
   esac
 done
 echo "device: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | head -1)"
-echo "commit: $(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null)"
+# SPW_COMMIT first: the device machine's copy of the tree may carry a stale .git.
+echo "commit: ${SPW_COMMIT:-$(git -C "$(dirname "$0")" rev-parse --short HEAD 2>/dev/null)}"
 exit $failed
