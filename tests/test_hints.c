@@ -292,6 +292,32 @@ static void an_allocation_may_push_out_prefetched_buffers(void) {
   fixture_close(&f);
 }
 
+/* Past the low watermark, prefetches have the download lane make room ahead of them, so that
+ * the next prefetch's copy in need not wait for its own room's copy out; it takes buffers
+ * that no prefetch brought back, and only down to the low watermark. */
+static void prefetches_past_the_low_watermark_get_room_made_in_the_background(void) {
+  fixture_t f = fixture_on_host();
+  for (int i = 0; i < 6; i++) { /* 6 MiB acquired back: under the low watermark (6.8) */
+    void *d;
+    ASSERT_OK(spw_acquire(f.rt, f.b[i], f.s, 0, &d));
+  }
+  ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
+  const spw_stats_t before = stats_of(f.rt);
+  ASSERT_OK(spw_prefetch(f.rt, f.b[6], f.s)); /* 7 MiB: past it, under the high one */
+  ASSERT_OK(spw_wait_idle(f.rt));
+  for (uint64_t t0 = test_now_ms();
+       stats_of(f.rt).spills_background == before.spills_background && test_now_ms() - t0 < 5000;)
+    test_sleep_ms(1);
+  ASSERT_OK(spw_wait_idle(f.rt));
+  const spw_stats_t after = stats_of(f.rt);
+  ASSERT_UEQ(after.spills_background - before.spills_background, 1);
+  ASSERT_UEQ(after.spills_on_demand, before.spills_on_demand);
+  ASSERT_EQ(state_of(f.rt, f.b[6]), SPW_STATE_RESIDENT); /* the prefetched one stays */
+  ASSERT_EQ(count_in(f.rt, f.b, 6, SPW_STATE_RESIDENT), 5);
+  ASSERT_LE(after.device_bytes, after.device_limit * 85 / 100);
+  fixture_close(&f);
+}
+
 /* Hints sent by other threads without pause cannot hold spw_wait_idle back: it waits for
  * what was queued before it. */
 typedef struct sender {
@@ -367,6 +393,7 @@ static const spw_test_t tests[] = {
     TEST(a_hint_after_its_lane_passed_the_buffer_is_carried_out),
     TEST(a_prefetch_never_pushes_out_an_unconsumed_prefetch),
     TEST(an_allocation_may_push_out_prefetched_buffers),
+    TEST(prefetches_past_the_low_watermark_get_room_made_in_the_background),
     TEST(wait_idle_returns_while_other_threads_keep_sending_hints),
 };
 

@@ -655,7 +655,8 @@ typedef struct spw_stats {
   uint64_t disk_writes, disk_write_bytes;
   uint64_t spills_on_demand;       /* spills (to host) forced by an allocation, acquire or
                                       prefetch that needed room */
-  uint64_t spills_background;      /* spills started above the high watermark */
+  uint64_t spills_background;      /* spills started above the high watermark, or above the
+                                      low one to make room ahead of prefetches */
   uint64_t spills_abandoned;       /* spills cancelled by an acquire */
   uint64_t clean_respills;         /* spills that moved no bytes (clean host copy kept) */
   uint64_t failures;               /* failed spills, unspills, demotions, reads */

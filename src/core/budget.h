@@ -23,6 +23,9 @@ typedef struct spw_budget {
   uint64_t limit, high, low; /* bytes: the limit and its watermarks */
   _Atomic uint64_t used;
   _Atomic uint64_t spilling;
+  /* A prefetch reserved past the low watermark: the next background step spills down to it
+   * even below the high one (see reserve_for_hint). */
+  atomic_int hint_headroom;
   pthread_mutex_t mu;
   pthread_cond_t cv; /* broadcast whenever bytes come back or a spill ends */
 } spw_budget_t;

@@ -193,10 +193,20 @@ static void background(void *ctx) {
   /* Spilling has begun or is coming: pin the next host slab now, off the path of whoever
    * will need it (mapping and pinning cost a third of a second per GiB). */
   if (atomic_load(&b->used) > b->limit / 2) spw__arena_grow_ahead(rt->arena);
+  /* Down to the low watermark once above the high one; and once above the low one when
+   * prefetches want headroom (budget.c, reserve_for_hint), then among the buffers a
+   * prefetch may push out only: never one that a prefetch brought back. */
+  const int for_hints = atomic_exchange(&b->hint_headroom, 0);
   for (;;) {
     uint64_t used = atomic_load(&b->used), out = atomic_load(&b->spilling);
-    if (used <= out || used - out <= b->high) break;
-    if (spw__spill_lru(rt, used - out - b->low, SPW_SPILL_BACKGROUND, NULL) == 0) break;
+    uint64_t on = used > out ? used - out : 0;
+    if (on > b->high) {
+      if (spw__spill_lru(rt, on - b->low, SPW_SPILL_BACKGROUND, NULL) == 0) break;
+    } else if (for_hints && on > b->low) {
+      if (spw__spill_for_hint(rt, on - b->low, SPW_SPILL_BACKGROUND) == 0) break;
+    } else {
+      break;
+    }
   }
   /* Freed disk space goes back to the file system here, a step at a time, and never on the
    * path that brings buffers back (issue 17: a whole sweep there stalled every read). */

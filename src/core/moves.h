@@ -85,9 +85,11 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int
  * that left; when 0, *why (may be NULL) is the status of the last failed spill, or SPW_OK
  * if there was nothing to spill. */
 uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason, int *why);
-/* The same for a prefetch's room: among unlocked buffers that no prefetch brought back
- * since their last acquire, and without asking the controller. */
-uint64_t spw__spill_for_hint(spw_runtime_t *rt, uint64_t bytes);
+/* The same for prefetches' room: among unlocked buffers that no prefetch brought back since
+ * their last acquire, and without asking the controller. `reason`: SPW_SPILL_ON_DEMAND for
+ * a prefetch's own room, SPW_SPILL_BACKGROUND for the headroom the down lane makes ahead of
+ * them (budget.c, reserve_for_hint). */
+uint64_t spw__spill_for_hint(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason);
 /* The same among buffers with a clean host copy only: they leave the device without a
  * copy and without needing room in a lower tier, so they are what is left to spill when
  * the lower tiers are full. */

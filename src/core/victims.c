@@ -126,10 +126,10 @@ uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t re
   return moved;
 }
 
-uint64_t spw__spill_for_hint(spw_runtime_t *rt, uint64_t bytes) {
+uint64_t spw__spill_for_hint(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason) {
   uint64_t t0 = rt->trace ? spw__now_ns() : 0;
-  uint64_t moved = spill_some(rt, bytes, SPW_SPILL_ON_DEMAND, 0, 1, NULL);
-  if (t0) spw__trace_spill_for_room(rt->trace, 0, bytes, moved, t0);
+  uint64_t moved = spill_some(rt, bytes, reason, 0, 1, NULL);
+  if (t0) spw__trace_spill_for_room(rt->trace, reason == SPW_SPILL_BACKGROUND, bytes, moved, t0);
   return moved;
 }
 
