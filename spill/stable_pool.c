@@ -19,10 +19,12 @@
  * Why a page whose last block left may stay mapped ("idle"): a small buffer's map or unmap
  * costs its page's whole cuMemSetAccess or cuMemUnmap when it is the page's first or last,
  * about 1 us per 64 KiB block when a page's 32 blocks come and go together, as long as the
- * blocks' copies. An idle page is kept like a pooled chunk, within the same cap and counted
- * with it, and is the first to go when the cap needs room or the pool is trimmed; until
- * then a block of it comes back with no driver call, as an ordinary buffer takes a cached
- * block of the device pool's slabs.
+ * blocks' copies. An idle page is kept as the device pool keeps the free blocks of its
+ * slabs for ordinary small buffers: outside the budget and the chunk pool's cap, until the
+ * device refuses memory (the retry path trims both) or its last owned block is freed. Until
+ * then a block of it comes back with no driver call. Under the chunk pool's cap instead (one
+ * eighth of the limit), a 64 KiB spill_bw row keeps 128 of its 512 pages and gains nothing
+ * (docs/benchmarks.md).
  *
  * Why small buffers share pages: a granule is 2 MiB on current GPUs, so a 64 KiB buffer
  * with its own range would pin 32 times its size whenever resident. Sharing costs what a
@@ -42,8 +44,8 @@
  *  - page->resident == number of blocks with maps > 0; the page's chunk is mapped iff
  *    resident > 0 or the page is idle (resident == 0, live > 0, counted in nidle); a large
  *    region's chunk is mapped iff lmaps > 0;
- *  - pooled chunks are mapped nowhere; pooled_bytes (their sizes and the idle pages') <=
- *    pool_cap.
+ *  - pooled chunks are mapped nowhere; pooled_bytes (their sizes) <= pool_cap; idle_bytes
+ *    is the idle pages' span.
  */
 #include "stable_pool.h"
 
@@ -99,7 +101,8 @@ struct spw_stable {
   _Atomic size_t live_regions; /* read without mu: no regions, no lookup */
   pooled_t *pool; /* unmapped chunks, newest last */
   size_t npool, pcap;
-  size_t nidle; /* idle pages */
+  size_t nidle; /* idle pages, idle_bytes in all */
+  uint64_t idle_bytes;
   uint64_t pooled_bytes, mapped_bytes, reserved_bytes;
 };
 
@@ -174,7 +177,7 @@ static int insert(spw_stable_t *sp, region_t *r) {
 static void drop_idle(spw_stable_t *sp, region_t *r) {
   r->idle = 0;
   sp->nidle--;
-  sp->pooled_bytes -= r->span;
+  sp->idle_bytes -= r->span;
   if (sp->p.ops->chunk_unmap(sp->p.be, r->va, r->span) == SPW_OK)
     sp->p.ops->chunk_release(sp->p.be, r->chunk, r->span);
 }
@@ -309,14 +312,11 @@ static int chunk_get(spw_stable_t *sp, size_t bytes, uint64_t *out) {
   return sp->p.ops->chunk_create(sp->p.be, bytes, out);
 }
 
-/* Makes `bytes` of room under the cap: idle pages first (any of them: they serve only their
- * own blocks), then the oldest pooled chunks (sizes in use change, and the newest chunk is
- * the likeliest to fit the next unspill). False if `bytes` exceeds the cap. */
+/* Makes `bytes` of room under the cap by giving the oldest pooled chunks back (sizes in use
+ * change, and the newest chunk is the likeliest to fit the next unspill). False if `bytes`
+ * exceeds the cap. */
 static int make_room(spw_stable_t *sp, size_t bytes) {
   if (bytes > sp->p.pool_cap) return 0;
-  for (size_t i = sp->nregions; sp->nidle > 0 && i-- > 0;)
-    if (sp->pooled_bytes + bytes > sp->p.pool_cap && sp->regions[i]->idle)
-      drop_idle(sp, sp->regions[i]);
   while (sp->pooled_bytes + bytes > sp->p.pool_cap && sp->npool > 0) {
     pooled_t old = sp->pool[0];
     memmove(&sp->pool[0], &sp->pool[1], (sp->npool - 1) * sizeof *sp->pool);
@@ -358,24 +358,24 @@ static void unmap_region(spw_stable_t *sp, region_t *r) {
   sp->mapped_bytes -= r->span;
 }
 
-/* A page whose last mapped block left: kept mapped and idle if it still has owned blocks and
- * the cap has room without giving anything else up, else unmapped. */
+/* A page whose last mapped block left: kept mapped and idle while it still has owned blocks,
+ * else unmapped (it is about to be dropped). */
 static void rest_or_unmap(spw_stable_t *sp, region_t *page, uint32_t live_after) {
-  if (live_after == 0 || sp->pooled_bytes + page->span > sp->p.pool_cap) {
+  if (live_after == 0) {
     unmap_region(sp, page);
     return;
   }
   page->idle = 1;
   sp->nidle++;
   sp->mapped_bytes -= page->span;
-  sp->pooled_bytes += page->span;
+  sp->idle_bytes += page->span;
 }
 
 /* An idle page's first block is mapped again: nothing to call. */
 static int wake(spw_stable_t *sp, region_t *page) {
   page->idle = 0;
   sp->nidle--;
-  sp->pooled_bytes -= page->span;
+  sp->idle_bytes -= page->span;
   sp->mapped_bytes += page->span;
   return SPW_OK;
 }
@@ -482,7 +482,7 @@ int spw__stable_owns(spw_stable_t *sp, const void *ptr) {
 
 uint64_t spw__stable_trim(spw_stable_t *sp) {
   pthread_mutex_lock(&sp->mu);
-  uint64_t released = sp->pooled_bytes;
+  uint64_t released = sp->pooled_bytes + sp->idle_bytes;
   for (size_t i = 0; sp->nidle > 0 && i < sp->nregions; i++)
     if (sp->regions[i]->idle) drop_idle(sp, sp->regions[i]);
   for (size_t i = 0; i < sp->npool; i++)
@@ -496,7 +496,7 @@ uint64_t spw__stable_trim(spw_stable_t *sp) {
 void spw__stable_usage(spw_stable_t *sp, uint64_t *mapped, uint64_t *pooled, uint64_t *reserved) {
   pthread_mutex_lock(&sp->mu);
   if (mapped) *mapped = sp->mapped_bytes;
-  if (pooled) *pooled = sp->pooled_bytes;
+  if (pooled) *pooled = sp->pooled_bytes + sp->idle_bytes;
   if (reserved) *reserved = sp->reserved_bytes;
   pthread_mutex_unlock(&sp->mu);
 }

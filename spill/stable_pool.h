@@ -8,9 +8,9 @@
  * granule get a range of their own, rounded up to whole granules, and one physical chunk of
  * that size while mapped; smaller ones get a block of a shared page (one granule), whose
  * chunk is mapped while any block of it is mapped (and, idle, after its last block left,
- * while the pool's cap has room). Chunks are pooled: an unmap gives its chunk to the pool
- * (idle pages, then the oldest pooled chunks go back to the device past a cap), a map takes
- * one of the same size from it before creating one.
+ * until a trim or until no block of it is owned). Chunks are pooled: an unmap gives its
+ * chunk to the pool (the oldest pooled chunks go back to the device past a cap), a map
+ * takes one of the same size from it before creating one.
  *
  * Order of calls per buffer: reserve, then maps and unmaps, each map paired with one unmap,
  * then unreserve. Maps are counted: a map while the memory is still mapped (a spill that
