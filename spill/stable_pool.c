@@ -16,6 +16,16 @@
  * therefore reused by exact size: a workload's buffers mostly repeat a few sizes, and a
  * chunk of another size is created (about 10 us) rather than assembled.
  *
+ * Why a page whose last block left may stay mapped ("idle"): a small buffer's map or unmap
+ * costs its page's whole cuMemSetAccess or cuMemUnmap when it is the page's first or last,
+ * about 1 us per 64 KiB block when a page's 32 blocks come and go together, as long as the
+ * blocks' copies. An idle page is kept as the device pool keeps the free blocks of its
+ * slabs for ordinary small buffers: outside the budget and the chunk pool's cap, until the
+ * device refuses memory (the retry path trims both) or its last owned block is freed. Until
+ * then a block of it comes back with no driver call. Under the chunk pool's cap instead (one
+ * eighth of the limit), a 64 KiB spill_bw row keeps 128 of its 512 pages and gains nothing
+ * (docs/benchmarks.md).
+ *
  * Why small buffers share pages: a granule is 2 MiB on current GPUs, so a 64 KiB buffer
  * with its own range would pin 32 times its size whenever resident. Sharing costs what a
  * page's other blocks keep mapped: a spilled small buffer frees device memory only when the
@@ -32,8 +42,10 @@
  *    unmap came: the count keeps the memory mapped for it, and the late unmap only lowers
  *    the count. The core pairs every map with one unmap, as it pairs allocations and frees;
  *  - page->resident == number of blocks with maps > 0; the page's chunk is mapped iff
- *    resident > 0; a large region's chunk is mapped iff lmaps > 0;
- *  - pooled chunks are mapped nowhere; pooled_bytes (their sum) <= pool_cap.
+ *    resident > 0 or the page is idle (resident == 0, live > 0, counted in nidle); a large
+ *    region's chunk is mapped iff lmaps > 0;
+ *  - pooled chunks are mapped nowhere; pooled_bytes (their sizes) <= pool_cap; idle_bytes
+ *    is the idle pages' span.
  */
 #include "stable_pool.h"
 
@@ -60,6 +72,7 @@ typedef struct region {
   uint32_t next;               /* blocks [next, blocks) were never handed out */
   uint32_t live;               /* owned or dead blocks */
   uint32_t resident;           /* mapped blocks (maps[b] > 0) */
+  int idle;                    /* resident == 0 and the chunk still mapped (see above) */
   uint32_t *free_stack;        /* blocks given back, reused first */
   uint32_t nfree;
   uint8_t *state;              /* per block: BLOCK_* bits */
@@ -88,6 +101,8 @@ struct spw_stable {
   _Atomic size_t live_regions; /* read without mu: no regions, no lookup */
   pooled_t *pool; /* unmapped chunks, newest last */
   size_t npool, pcap;
+  size_t nidle; /* idle pages, idle_bytes in all */
+  uint64_t idle_bytes;
   uint64_t pooled_bytes, mapped_bytes, reserved_bytes;
 };
 
@@ -157,8 +172,19 @@ static int insert(spw_stable_t *sp, region_t *r) {
   return SPW_OK;
 }
 
-/* Removes r (nothing mapped in it) and gives its range back. */
+/* Unmaps an idle page and gives its chunk back to the device (not to the pool: making room
+ * in it is why an idle page goes). */
+static void drop_idle(spw_stable_t *sp, region_t *r) {
+  r->idle = 0;
+  sp->nidle--;
+  sp->idle_bytes -= r->span;
+  if (sp->p.ops->chunk_unmap(sp->p.be, r->va, r->span) == SPW_OK)
+    sp->p.ops->chunk_release(sp->p.be, r->chunk, r->span);
+}
+
+/* Removes r (nothing mapped in it but an idle page's chunk) and gives its range back. */
 static void drop(spw_stable_t *sp, region_t *r) {
+  if (r->idle) drop_idle(sp, r);
   size_t at;
   if (find(sp, r->va, &at) == r) {
     memmove(&sp->regions[at], &sp->regions[at + 1], (sp->nregions - at - 1) * sizeof *sp->regions);
@@ -286,18 +312,25 @@ static int chunk_get(spw_stable_t *sp, size_t bytes, uint64_t *out) {
   return sp->p.ops->chunk_create(sp->p.be, bytes, out);
 }
 
-/* Back to the pool, where the oldest pooled chunks make room for it under the cap (sizes in
- * use change, and the newest chunk is the likeliest to fit the next unspill); a chunk larger
- * than the cap goes back to the device. */
-static void chunk_put(spw_stable_t *sp, uint64_t c, size_t bytes) {
-  while (bytes <= sp->p.pool_cap && sp->pooled_bytes + bytes > sp->p.pool_cap) {
+/* Makes `bytes` of room under the cap by giving the oldest pooled chunks back (sizes in use
+ * change, and the newest chunk is the likeliest to fit the next unspill). False if `bytes`
+ * exceeds the cap. */
+static int make_room(spw_stable_t *sp, size_t bytes) {
+  if (bytes > sp->p.pool_cap) return 0;
+  while (sp->pooled_bytes + bytes > sp->p.pool_cap && sp->npool > 0) {
     pooled_t old = sp->pool[0];
     memmove(&sp->pool[0], &sp->pool[1], (sp->npool - 1) * sizeof *sp->pool);
     sp->npool--;
     sp->pooled_bytes -= old.bytes;
     sp->p.ops->chunk_release(sp->p.be, old.chunk, old.bytes);
   }
-  if (sp->pooled_bytes + bytes <= sp->p.pool_cap) {
+  return 1;
+}
+
+/* Back to the pool, room made for it under the cap; a chunk larger than the cap goes back to
+ * the device. */
+static void chunk_put(spw_stable_t *sp, uint64_t c, size_t bytes) {
+  if (make_room(sp, bytes)) {
     pooled_t *g = spw__grow(sp->pool, &sp->pcap, sp->npool + 1, sizeof *g, 64);
     if (g) {
       sp->pool = g;
@@ -325,6 +358,28 @@ static void unmap_region(spw_stable_t *sp, region_t *r) {
   sp->mapped_bytes -= r->span;
 }
 
+/* A page whose last mapped block left: kept mapped and idle while it still has owned blocks,
+ * else unmapped (it is about to be dropped). */
+static void rest_or_unmap(spw_stable_t *sp, region_t *page, uint32_t live_after) {
+  if (live_after == 0) {
+    unmap_region(sp, page);
+    return;
+  }
+  page->idle = 1;
+  sp->nidle++;
+  sp->mapped_bytes -= page->span;
+  sp->idle_bytes += page->span;
+}
+
+/* An idle page's first block is mapped again: nothing to call. */
+static int wake(spw_stable_t *sp, region_t *page) {
+  page->idle = 0;
+  sp->nidle--;
+  sp->idle_bytes -= page->span;
+  sp->mapped_bytes += page->span;
+  return SPW_OK;
+}
+
 int spw__stable_map(spw_stable_t *sp, void *va) {
   pthread_mutex_lock(&sp->mu);
   int st = SPW_ERR_INTERNAL;
@@ -338,7 +393,7 @@ int spw__stable_map(spw_stable_t *sp, void *va) {
   } else if (r && r->small) {
     uint32_t b = block_of(r, va);
     if (b != UINT32_MAX && b < r->next && r->state[b] == BLOCK_OWNED && r->bmaps[b] < UINT16_MAX) {
-      st = r->resident > 0 ? SPW_OK : map_region(sp, r);
+      st = r->resident > 0 ? SPW_OK : r->idle ? wake(sp, r) : map_region(sp, r);
       if (st == SPW_OK && r->bmaps[b]++ == 0) r->resident++;
     }
   }
@@ -360,7 +415,7 @@ int spw__stable_unmap(spw_stable_t *sp, void *va) {
     uint32_t b = block_of(r, va);
     if (b != UINT32_MAX && b < r->next && r->bmaps[b] > 0) {
       if (--r->bmaps[b] == 0) {
-        if (--r->resident == 0) unmap_region(sp, r);
+        if (--r->resident == 0) rest_or_unmap(sp, r, r->live - !!(r->state[b] & BLOCK_DEAD));
         if (r->state[b] & BLOCK_DEAD) free_block(sp, r, b);
       }
       st = SPW_OK;
@@ -427,7 +482,9 @@ int spw__stable_owns(spw_stable_t *sp, const void *ptr) {
 
 uint64_t spw__stable_trim(spw_stable_t *sp) {
   pthread_mutex_lock(&sp->mu);
-  uint64_t released = sp->pooled_bytes;
+  uint64_t released = sp->pooled_bytes + sp->idle_bytes;
+  for (size_t i = 0; sp->nidle > 0 && i < sp->nregions; i++)
+    if (sp->regions[i]->idle) drop_idle(sp, sp->regions[i]);
   for (size_t i = 0; i < sp->npool; i++)
     sp->p.ops->chunk_release(sp->p.be, sp->pool[i].chunk, sp->pool[i].bytes);
   sp->npool = 0;
@@ -439,7 +496,7 @@ uint64_t spw__stable_trim(spw_stable_t *sp) {
 void spw__stable_usage(spw_stable_t *sp, uint64_t *mapped, uint64_t *pooled, uint64_t *reserved) {
   pthread_mutex_lock(&sp->mu);
   if (mapped) *mapped = sp->mapped_bytes;
-  if (pooled) *pooled = sp->pooled_bytes;
+  if (pooled) *pooled = sp->pooled_bytes + sp->idle_bytes;
   if (reserved) *reserved = sp->reserved_bytes;
   pthread_mutex_unlock(&sp->mu);
 }

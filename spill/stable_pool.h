@@ -7,9 +7,10 @@
  * comes to the device and leaves it, always at the same address. Buffers of at least one
  * granule get a range of their own, rounded up to whole granules, and one physical chunk of
  * that size while mapped; smaller ones get a block of a shared page (one granule), whose
- * chunk is mapped while any block of it is mapped. Chunks are pooled: an unmap gives its
- * chunk to the pool (the oldest pooled ones go back to the device past a cap), a map takes
- * one of the same size from it before creating one.
+ * chunk is mapped while any block of it is mapped (and, idle, after its last block left,
+ * until a trim or until no block of it is owned). Chunks are pooled: an unmap gives its
+ * chunk to the pool (the oldest pooled chunks go back to the device past a cap), a map
+ * takes one of the same size from it before creating one.
  *
  * Order of calls per buffer: reserve, then maps and unmaps, each map paired with one unmap,
  * then unreserve. Maps are counted: a map while the memory is still mapped (a spill that
@@ -69,11 +70,12 @@ int spw__stable_owns(spw_stable_t *sp, const void *ptr);
  * range), SPW_ERR_SYSTEM, the backend's (SPW_ERR_UNSUPPORTED: chunks not exportable). */
 int spw__stable_share(spw_stable_t *sp, const void *va, int **fds, uint64_t **fd_offsets,
                       size_t *n, size_t *chunk_bytes, size_t *offset);
-/* Gives every pooled chunk back to the device; returns the bytes released. */
+/* Gives every pooled chunk and idle page back to the device; returns the bytes released. */
 uint64_t spw__stable_trim(spw_stable_t *sp);
 
 /* What the pool holds now, for tests and the design's numbers: bytes mapped behind buffers
- * (whole granules), bytes of chunks pooled, bytes of address space reserved. */
+ * (whole granules), bytes of chunks pooled and of idle pages, bytes of address space
+ * reserved. */
 void spw__stable_usage(spw_stable_t *sp, uint64_t *mapped, uint64_t *pooled, uint64_t *reserved);
 
 #endif /* SPILLWAY_SPILL_STABLE_POOL_H */

@@ -6,7 +6,8 @@
  * count), an unreserve that overtakes the last unmap leaves the range to that unmap, small
  * buffers share a page whose chunk goes with its last mapped block, a large buffer is one
  * chunk of its range's size, unmapped chunks are pooled by size up to the cap (the oldest
- * go first) and trimmed, and the bytes survive an unmap and a map at the same
+ * go first) and trimmed, a page whose last block left stays mapped until a trim or its
+ * last owned block's free, whatever the cap, and the bytes survive an unmap and a map at the same
  * address only as far as the caller copies them (the pool reuses chunks). */
 #include <stdint.h>
 #include <stdlib.h>
@@ -202,6 +203,74 @@ static void a_large_buffer_is_one_chunk_of_its_range(void) {
   spw__stable_unreserve(sp, va);
 }
 
+static void a_page_whose_last_block_left_stays_mapped(void) {
+  void *a = NULL, *b = NULL;
+  ASSERT_OK(spw__stable_reserve(sp, 1000, &a));
+  ASSERT_OK(spw__stable_reserve(sp, 1000, &b));
+  const size_t empty = device_free();
+  ASSERT_OK(spw__stable_map(sp, a));
+  memset(a, 0x77, 1000);
+  ASSERT_OK(spw__stable_unmap(sp, a));
+  ASSERT_UEQ(mapped(), 0);
+  ASSERT_UEQ(pooled(), gran); /* idle, counted with the pool */
+  ASSERT_UEQ(device_free(), empty - gran);
+  /* A block of it comes back without a new chunk, on the same memory. */
+  ASSERT_OK(spw__stable_map(sp, b));
+  ASSERT_UEQ(pooled(), 0);
+  ASSERT_UEQ(mapped(), gran);
+  ASSERT_UEQ(device_free(), empty - gran);
+  ASSERT_EQ(((volatile uint8_t *)a)[999], 0x77);
+  ASSERT_OK(spw__stable_unmap(sp, b));
+  /* A trim gives it back to the device. */
+  ASSERT_UEQ(spw__stable_trim(sp), gran);
+  ASSERT_UEQ(pooled(), 0);
+  ASSERT_UEQ(device_free(), empty);
+  spw__stable_unreserve(sp, a);
+  spw__stable_unreserve(sp, b);
+  ASSERT_UEQ(reserved(), 0);
+}
+
+static void an_idle_page_stays_whatever_the_cap_until_a_trim(void) {
+  /* A cap of 2 granules, filled by a large buffer's chunk: the idle page is kept beside it,
+   * as the device pool keeps its slabs' free blocks, and only a trim gives it back. */
+  after();
+  open_pool(2 * (uint64_t)(64 << 10));
+  void *small = NULL, *large = NULL;
+  ASSERT_OK(spw__stable_reserve(sp, 1000, &small));
+  ASSERT_OK(spw__stable_reserve(sp, 2 * gran, &large));
+  const size_t empty = device_free();
+  ASSERT_OK(spw__stable_map(sp, small));
+  ASSERT_OK(spw__stable_map(sp, large));
+  ASSERT_OK(spw__stable_unmap(sp, small));
+  ASSERT_OK(spw__stable_unmap(sp, large));
+  ASSERT_UEQ(pooled(), 3 * gran);
+  ASSERT_UEQ(device_free(), empty - 3 * gran);
+  ASSERT_UEQ(spw__stable_trim(sp), 3 * gran);
+  ASSERT_UEQ(pooled(), 0);
+  ASSERT_UEQ(device_free(), empty);
+  /* The page comes back on its next map, with a new chunk. */
+  ASSERT_OK(spw__stable_map(sp, small));
+  ASSERT_UEQ(mapped(), gran);
+  ASSERT_UEQ(device_free(), empty - gran);
+  ASSERT_OK(spw__stable_unmap(sp, small));
+  spw__stable_unreserve(sp, small);
+  spw__stable_unreserve(sp, large);
+  ASSERT_UEQ(device_free(), empty);
+}
+
+static void an_idle_page_goes_with_its_last_owned_block(void) {
+  void *a = NULL;
+  ASSERT_OK(spw__stable_reserve(sp, 1000, &a));
+  const size_t empty = device_free();
+  ASSERT_OK(spw__stable_map(sp, a));
+  ASSERT_OK(spw__stable_unmap(sp, a));
+  ASSERT_UEQ(pooled(), gran);
+  spw__stable_unreserve(sp, a); /* the page's last block: range and chunk go */
+  ASSERT_UEQ(reserved(), 0);
+  ASSERT_UEQ(pooled(), 0);
+  ASSERT_UEQ(device_free(), empty);
+}
+
 static void a_chunk_the_device_refuses_maps_nothing(void) {
   /* 64 MiB of emulated device: a range of 65 MiB cannot be mapped. */
   void *va = NULL;
@@ -239,6 +308,10 @@ static const spw_test_t tests[] = {
     {"a_chunk_larger_than_the_cap_goes_back_at_its_unmap",
      a_chunk_larger_than_the_cap_goes_back_at_its_unmap},
     {"a_large_buffer_is_one_chunk_of_its_range", a_large_buffer_is_one_chunk_of_its_range},
+    {"a_page_whose_last_block_left_stays_mapped", a_page_whose_last_block_left_stays_mapped},
+    {"an_idle_page_stays_whatever_the_cap_until_a_trim",
+     an_idle_page_stays_whatever_the_cap_until_a_trim},
+    {"an_idle_page_goes_with_its_last_owned_block", an_idle_page_goes_with_its_last_owned_block},
     {"a_chunk_the_device_refuses_maps_nothing", a_chunk_the_device_refuses_maps_nothing},
     {"addresses_that_are_no_buffer_are_refused", addresses_that_are_no_buffer_are_refused},
 };
