@@ -96,6 +96,17 @@ static long opt(int argc, char **argv, const char *name, long def) {
   return def;
 }
 
+/* Pinned device memory on `dev`, and read-write access to it from `dev`. */
+static void device_memory(int dev, CUmemAllocationProp *prop, CUmemAccessDesc *acc) {
+  memset(prop, 0, sizeof *prop);
+  prop->type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop->location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop->location.id = dev;
+  memset(acc, 0, sizeof *acc);
+  acc->location = prop->location;
+  acc->flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+}
+
 /* Spins for about `cycles` SM clock cycles: a kernel that occupies the device for a known
  * time without touching memory the test maps or unmaps. */
 __global__ void spin(long long cycles, int *sink) {
@@ -113,14 +124,8 @@ typedef struct run_times {
 /* One run of n chunks: every operation timed once. */
 static void one_run(int dev, size_t gran, int n, CUmemGenericAllocationHandle *h, run_times_t *t) {
   CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
   CUmemAccessDesc acc;
-  memset(&acc, 0, sizeof acc);
-  acc.location = prop.location;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  device_memory(dev, &prop, &acc);
   size_t bytes = gran * (size_t)n;
 
   CUdeviceptr va;
@@ -182,14 +187,8 @@ static double stall_once(int dev, size_t gran, cudaStream_t s, int work, int chu
   enum { N = 64 };
   CUmemGenericAllocationHandle h[N];
   CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
   CUmemAccessDesc acc;
-  memset(&acc, 0, sizeof acc);
-  acc.location = prop.location;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  device_memory(dev, &prop, &acc);
   CUdeviceptr va;
   CK_DRV(p_reserve(&va, gran * N, gran, 0, 0));
   for (int i = 0; i < N; i++) {
@@ -259,14 +258,8 @@ typedef struct alloc_times {
 static void alloc_once(int dev, size_t gran, size_t bytes, int busy, cudaStream_t s, void *dsrc,
                        void *hdst, size_t copy_bytes, alloc_times_t *t) {
   CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
   CUmemAccessDesc acc;
-  memset(&acc, 0, sizeof acc);
-  acc.location = prop.location;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  device_memory(dev, &prop, &acc);
   CUdeviceptr va;
   CK_DRV(p_reserve(&va, bytes, gran, 0, 0));
   cudaEvent_t done;
@@ -304,14 +297,8 @@ static void maps_under_copy(int dev, size_t gran, cudaStream_t s, cudaMemcpyKind
                             double rest[2], int *ended_early) {
   enum { N = 16 };
   CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
   CUmemAccessDesc acc;
-  memset(&acc, 0, sizeof acc);
-  acc.location = prop.location;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  device_memory(dev, &prop, &acc);
   CUdeviceptr va;
   CUmemGenericAllocationHandle h[N];
   CK_DRV(p_reserve(&va, gran * N, gran, 0, 0));
@@ -380,10 +367,8 @@ int main(int argc, char **argv) {
     return 77;
   }
   CUmemAllocationProp prop;
-  memset(&prop, 0, sizeof prop);
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = dev;
+  CUmemAccessDesc acc;
+  device_memory(dev, &prop, &acc);
   size_t gran = 0, rec = 0;
   CK_DRV(p_gran(&gran, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
   CK_DRV(p_gran(&rec, &prop, CU_MEM_ALLOC_GRANULARITY_RECOMMENDED));
