@@ -7,6 +7,12 @@
 #                .deps/pkgconf and .deps/liburing, unpacked Debian packages, when the
 #                machine lacks them)
 #   build        configure and build build-gpu/ (Release, sm_90, liburing static)
+#   carried      instead of build: a build-gpu/ made on the development machine by
+#                scripts/gpu_build_here.sh and carried in (it saves the build's device
+#                time): its CTest files are pointed at this checkout and its programs at its
+#                library, for the phases after it in the same command (give it first in
+#                every command that runs programs). Never rebuild a carried library while a
+#                soak runs from it: the soak's second half loads it afresh
 #   tests        ctest -L gpu, one test at a time (each runtime sizes its budget from the
 #                free device memory), then the cpu tests in parallel
 #   sanitizer    compute-sanitizer memcheck and synccheck over the GPU behaviour tests, the
@@ -80,6 +86,19 @@ phase_build() { # a carried liburing comes through PKG_CONFIG_PATH (scripts/gpu_
     tail -30 "$logs/build.log"
     return 1
   fi
+}
+
+phase_carried() {
+  local home
+  home=$(sed -n 's/^CMAKE_HOME_DIRECTORY:INTERNAL=//p' "$build/CMakeCache.txt" 2>/dev/null)
+  if [ -z "$home" ]; then
+    echo "carried: no $build/CMakeCache.txt (scripts/gpu_build_here.sh makes it)"
+    return 1
+  fi
+  [ "$home" != "$PWD" ] &&
+    find "$build" -name CTestTestfile.cmake -exec sed -i "s|$home|$PWD|g" {} +
+  export LD_LIBRARY_PATH=$PWD/$build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+  echo "carried: $build built in $home ($(du -sh "$build" | cut -f1))"
 }
 
 phase_tests() {
@@ -210,6 +229,7 @@ for phase in "$@"; do
   case $phase in
   setup) phase_setup ;;
   build) phase_build || exit 1 ;;
+  carried) phase_carried || exit 1 ;;
   tests) phase_tests ;;
   sanitizer) phase_sanitizer ;;
   launch) phase_launch ;;
@@ -232,7 +252,7 @@ for phase in "$@"; do
   peers) OUT=$logs/peers bench/peers/run_peers.sh run -- ${SPW_PEERS_ARGS:-} ;;
   pack) phase_pack ;;
   *)
-    sed -n 3,53p "$0"
+    sed -n 3,60p "$0"
     exit 2
     ;;
   esac
