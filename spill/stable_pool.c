@@ -172,8 +172,8 @@ static int insert(spw_stable_t *sp, region_t *r) {
   return SPW_OK;
 }
 
-/* Unmaps an idle page and gives its chunk back to the device (not to the pool: making room
- * in it is why an idle page goes). */
+/* Unmaps an idle page and gives its chunk back to the device, not to the pool: an idle page
+ * goes when the device wants its memory back (a trim) or with its last owned block. */
 static void drop_idle(spw_stable_t *sp, region_t *r) {
   r->idle = 0;
   sp->nidle--;
