@@ -5,9 +5,14 @@
  * handed over by the exporter's socket). The other process is this executable again,
  * started with --ipc-child and the handle in hex on its command line (a handle is plain
  * bytes: any channel carries it). */
+#include <pthread.h>
 #include <spawn.h>
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -233,7 +238,7 @@ static void export_of_an_unlocked_or_spilled_buffer_is_not_locked(void) {
 /* ---- address-stable buffers: their chunks, through the exporter's socket ------------- */
 
 #define STABLE_SMALL ((size_t)16 << 10) /* a block of a shared page */
-#define STABLE_LARGE ((size_t)5 << 20)  /* several chunks on either backend */
+#define STABLE_LARGE ((size_t)5 << 20)  /* a range of its own: one chunk of several granules */
 
 /* A stable buffer of `bytes` holding pattern `seed`, unlocked; NULL-handle and a skip where
  * the device has no virtual memory management. */
@@ -357,6 +362,103 @@ static void open_of_a_handle_of_this_process_is_unsupported(void) {
   fixture_end(&f);
 }
 
+/* An exporter's answer that does not fit the handle: chunks that are not whole granules of
+ * this device, or more granules than the handle's bytes need. The importer refuses it
+ * before mapping anything. The exporter here is a thread of this test that speaks the wire
+ * format of src/core/ipc_share.c (mirrored below on purpose: a change there must be seen
+ * here), under a made-up pid, since a process may not open its own handles. */
+typedef struct wire_ref {
+  uint32_t magic, version;
+  uint64_t nonce, id;
+  uint8_t token[16];
+} wire_ref_t;
+typedef struct wire_request {
+  uint64_t id;
+  uint8_t token[16];
+} wire_request_t;
+typedef struct wire_reply {
+  int32_t status;
+  uint32_t total, count, reserved;
+  uint64_t chunk, offset;
+  uint64_t fd_offsets[64];
+} wire_reply_t;
+
+typedef struct fake_exporter {
+  int listen_fd;
+  uint64_t chunk; /* what it claims each chunk holds */
+} fake_exporter_t;
+
+static void *fake_exporter_serve(void *arg) {
+  fake_exporter_t *fx = arg;
+  int conn = accept(fx->listen_fd, NULL, NULL);
+  if (conn < 0) return NULL;
+  wire_request_t req;
+  if (recv(conn, &req, sizeof req, 0) == (ssize_t)sizeof req) {
+    int fd = memfd_create("fake-chunk", MFD_CLOEXEC);
+    wire_reply_t r = {.status = SPW_OK, .total = 1, .count = 1, .chunk = fx->chunk};
+    struct iovec iov = {&r, sizeof r};
+    union {
+      char buf[CMSG_SPACE(sizeof(int))];
+      struct cmsghdr align;
+    } c;
+    struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.buf,
+                       .msg_controllen = sizeof c.buf};
+    struct cmsghdr *h = CMSG_FIRSTHDR(&m);
+    h->cmsg_level = SOL_SOCKET;
+    h->cmsg_type = SCM_RIGHTS;
+    h->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(h), &fd, sizeof fd);
+    (void)sendmsg(conn, &m, MSG_NOSIGNAL);
+    close(fd);
+  }
+  close(conn);
+  return NULL;
+}
+
+/* Opens a handle of `bytes` whose exporter answers with one chunk of `chunk` bytes. */
+static int open_from_a_fake_exporter(spw_runtime_t *rt, size_t bytes, uint64_t chunk) {
+  const uint32_t pid = (uint32_t)getpid() + 100000;
+  const uint64_t nonce = 0x5eed0000u + (uint64_t)chunk;
+  fake_exporter_t fx = {socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), chunk};
+  ASSERT_TRUE(fx.listen_fd >= 0);
+  struct sockaddr_un a;
+  memset(&a, 0, sizeof a);
+  a.sun_family = AF_UNIX;
+  int len = snprintf(a.sun_path + 1, sizeof a.sun_path - 1, "spillway-ipc.%u.%016llx", pid,
+                     (unsigned long long)nonce);
+  ASSERT_EQ(bind(fx.listen_fd, (struct sockaddr *)&a,
+                 (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len)), 0);
+  ASSERT_EQ(listen(fx.listen_fd, 1), 0);
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, fake_exporter_serve, &fx), 0);
+  spw_ipc_handle_t h;
+  memset(&h, 0, sizeof h);
+  wire_ref_t ref = {.magic = 0x56575053u, .version = 1, .nonce = nonce, .id = 1};
+  memcpy(h.handle, &ref, sizeof ref);
+  h.bytes = bytes;
+  h.backend = (int32_t)test_backend();
+  h.pid = pid;
+  h.kind = SPW_IPC_KIND_CHUNKS;
+  void *d = NULL;
+  int st = spw_ipc_open(rt, &h, &d);
+  pthread_join(t, NULL);
+  close(fx.listen_fd);
+  if (st == SPW_OK) (void)spw_ipc_close(rt, d);
+  return st;
+}
+
+static void an_exporter_answer_that_does_not_fit_the_handle_is_refused(void) {
+  TEST_SKIP_IF(test_backend() != SPW_BACKEND_HOST, "the fake exporter's chunk is a memfd");
+  spw_runtime_t *rt = ipc_runtime(SPW_IPC_OFF);
+  size_t gran = 0;
+  ASSERT_OK(spw_stable_granularity(rt, &gran));
+  ASSERT_STATUS(open_from_a_fake_exporter(rt, gran, gran + 4096), SPW_ERR_INVALID_ARG);
+  ASSERT_TRUE(strstr(spw_last_error(rt), "granule") != NULL);
+  ASSERT_STATUS(open_from_a_fake_exporter(rt, gran, 4 * gran), SPW_ERR_INVALID_ARG);
+  ASSERT_TRUE(strstr(spw_last_error(rt), "granule") != NULL);
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
 static void open_arguments_and_forged_handles_are_refused(void) {
   spw_runtime_t *rt = ipc_runtime(SPW_IPC_OFF); /* an importer needs no exportable memory */
   spw_ipc_handle_t h;
@@ -444,6 +546,7 @@ static const spw_test_t tests[] = {
     TEST(export_arguments_are_checked),
     TEST(open_of_a_handle_of_this_process_is_unsupported),
     TEST(open_arguments_and_forged_handles_are_refused),
+    TEST(an_exporter_answer_that_does_not_fit_the_handle_is_refused),
     TEST(config_ipc_is_validated),
     TEST(exportable_memory_keeps_every_byte_through_spills),
 };

@@ -66,7 +66,7 @@ def test_another_process_reads_and_writes_an_exported_buffer(nbytes):
         buf.free()
 
 
-@pytest.mark.parametrize("nbytes", [16 << 10, 5 * MiB])  # a page's block, several chunks
+@pytest.mark.parametrize("nbytes", [16 << 10, 5 * MiB])  # a page's block, a range of its own
 def test_another_process_reads_and_writes_an_exported_stable_buffer(nbytes):
     with host_runtime() as rt:
         buf = rt.alloc(nbytes, stable=True)
