@@ -52,9 +52,10 @@ static int remember(spw_runtime_t *rt, const spw_ipc_opened_t *o) {
   return grown ? SPW_OK : SPW_ERR_SYSTEM;
 }
 
-static void unmap(spw_runtime_t *rt, const spw_ipc_opened_t *o) {
-  if (o->chunks) spw__ipc_unmap_chunks(rt, o);
-  else (void)rt->ops->ipc_close(rt->be, o->base);
+static int unmap(spw_runtime_t *rt, const spw_ipc_opened_t *o) {
+  if (!o->chunks) return rt->ops->ipc_close(rt->be, o->base);
+  spw__ipc_unmap_chunks(rt, o);
+  return SPW_OK;
 }
 
 int spw__ipc_open(spw_runtime_t *rt, const spw_ipc_handle_t *h, void **dptr) {
@@ -81,7 +82,7 @@ int spw__ipc_open(spw_runtime_t *rt, const spw_ipc_handle_t *h, void **dptr) {
   }
   if (st != SPW_OK) return st;
   if ((st = remember(rt, &o)) != SPW_OK) {
-    unmap(rt, &o);
+    (void)unmap(rt, &o);
     return st;
   }
   *dptr = o.dptr;
@@ -102,14 +103,10 @@ int spw__ipc_close(spw_runtime_t *rt, void *dptr) {
     return spw__set_error(rt, SPW_ERR_INVALID_ARG,
                           "%p: not a pointer spw_ipc_open returned on this runtime, or closed",
                           dptr);
-  if (o.chunks) {
-    spw__ipc_unmap_chunks(rt, &o);
-    return SPW_OK;
-  }
-  return rt->ops->ipc_close(rt->be, o.base);
+  return unmap(rt, &o);
 }
 
 void spw__ipc_close_all(spw_runtime_t *rt) {
-  for (size_t i = 0; i < rt->ipc_nopened; i++) unmap(rt, &rt->ipc_opened[i]);
+  for (size_t i = 0; i < rt->ipc_nopened; i++) (void)unmap(rt, &rt->ipc_opened[i]);
   rt->ipc_nopened = 0;
 }
