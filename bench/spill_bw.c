@@ -17,9 +17,10 @@
  *
  * Small-buffer variants (cuda only, sizes below 1 MiB), both directions over the raw
  * buffers, each timed with CUDA events on one stream (warm-up, then the median of `reps`):
- * one cudaMemcpyAsync per buffer; one cudaMemcpyBatchAsync of all of them; a gather kernel
- * into a device staging buffer plus one copy of it to pinned memory (up: one copy into the
- * staging buffer plus a scatter kernel). The raw device region holds a pattern before the
+ * one cudaMemcpyAsync per buffer; the same with a cudaEventRecord after each copy (the
+ * work a single acquire of a spilled buffer enqueues, its floor); one cudaMemcpyBatchAsync
+ * of all of them; a gather kernel into a device staging buffer plus one copy of it to
+ * pinned memory (up: one copy into the staging buffer plus a scatter kernel). The raw device region holds a pattern before the
  * D2H passes and the pinned region another before the H2D passes; a sample of destination
  * buffers is poisoned before each variant and compared with the pattern after it. They are
  * printed in a second table next to Spillway's spill and prefetch.
@@ -53,9 +54,11 @@
 #include "bench_kernels.h"
 
 /* The ways spill_bw moves many small buffers itself, in table order. */
-enum { SMALL_MEMCPY, SMALL_BATCH, SMALL_GATHER, SMALL_NVAR };
-static const char *const small_name[SMALL_NVAR] = {"per-buffer memcpy", "cudaMemcpyBatchAsync",
-                                                   "gather+copy"};
+enum { SMALL_MEMCPY, SMALL_MEMCPY_EVENT, SMALL_BATCH, SMALL_GATHER, SMALL_NVAR };
+static const char *const small_name[SMALL_NVAR] = {"per-buffer memcpy", "per-buffer memcpy + event",
+                                                   "cudaMemcpyBatchAsync", "gather+copy"};
+/* Events recorded in turn by the memcpy + event variant (an acquire records one per copy). */
+#define SMALL_EVENTS 256
 #define SMALL_MAX_SIZE BENCH_MIB /* variants run below this buffer size */
 #endif
 
@@ -192,6 +195,7 @@ static int measure_raw(ctx_t *c, void *dev, void *pinned) {
 typedef struct small_ctx {
   cudaStream_t s;
   cudaEvent_t e0, e1;
+  cudaEvent_t ring[SMALL_EVENTS]; /* SMALL_MEMCPY_EVENT's */
   char *dev, *pinned, *staging;
   size_t size, count;
   void **dptr, **hptr; /* per-buffer addresses, for cudaMemcpyBatchAsync */
@@ -220,6 +224,9 @@ static int small_setup(const bench_env_t *env, small_ctx_t *x, void *dev, void *
                   cudaStreamCreateWithFlags(&x->s, cudaStreamNonBlocking));
   if (st == SPW_OK) st = cuda_err("cudaEventCreate", cudaEventCreate(&x->e0));
   if (st == SPW_OK) st = cuda_err("cudaEventCreate", cudaEventCreate(&x->e1));
+  for (int i = 0; i < SMALL_EVENTS && st == SPW_OK; i++)
+    st = cuda_err("cudaEventCreateWithFlags",
+                  cudaEventCreateWithFlags(&x->ring[i], cudaEventDisableTiming));
   if (st == SPW_OK) st = cuda_err("cudaMalloc (staging)", cudaMalloc((void **)&x->staging, ws));
   if (st == SPW_OK) st = cuda_err("cudaMalloc (gather)", cudaMalloc((void **)&x->gather, dn));
   if (st == SPW_OK) st = cuda_err("cudaMalloc (scatter)", cudaMalloc((void **)&x->scatter, dn));
@@ -261,6 +268,9 @@ static int small_teardown(small_ctx_t *x) {
   if (x->scatter && (k = cuda_err("cudaFree (scatter)", cudaFree(x->scatter))) && !st) st = k;
   if (x->e0 && (k = cuda_err("cudaEventDestroy", cudaEventDestroy(x->e0))) && !st) st = k;
   if (x->e1 && (k = cuda_err("cudaEventDestroy", cudaEventDestroy(x->e1))) && !st) st = k;
+  for (int i = 0; i < SMALL_EVENTS; i++)
+    if (x->ring[i] && (k = cuda_err("cudaEventDestroy", cudaEventDestroy(x->ring[i]))) && !st)
+      st = k;
   if (x->s && (k = cuda_err("cudaStreamDestroy", cudaStreamDestroy(x->s))) && !st) st = k;
   free(x->dptr);
   free(x->hptr);
@@ -273,13 +283,17 @@ static int small_teardown(small_ctx_t *x) {
 /* Enqueues one pass of variant `v` over all buffers, device to host when `down`. */
 static int small_enqueue(small_ctx_t *x, int v, int down) {
   const size_t ws = x->size * x->count;
-  if (v == SMALL_MEMCPY) {
+  if (v == SMALL_MEMCPY || v == SMALL_MEMCPY_EVENT) {
     for (size_t i = 0; i < x->count; i++) {
       cudaError_t e = down ? cudaMemcpyAsync(x->hptr[i], x->dptr[i], x->size,
                                              cudaMemcpyDefault, x->s)
                            : cudaMemcpyAsync(x->dptr[i], x->hptr[i], x->size,
                                              cudaMemcpyDefault, x->s);
       if (e != cudaSuccess) return cuda_err("cudaMemcpyAsync", e);
+      /* What a single unspill adds to its copy: an event others wait on (unspill_move.c). */
+      if (v == SMALL_MEMCPY_EVENT &&
+          (e = cudaEventRecord(x->ring[i % SMALL_EVENTS], x->s)) != cudaSuccess)
+        return cuda_err("cudaEventRecord", e);
     }
     return SPW_OK;
   }
@@ -608,7 +622,8 @@ static void print_small_table(const result_t *r, size_t n) {
     printf(" %.1f / %.1f |\n", r[i].spill, r[i].prefetch);
   }
   printf("\nvariants over the raw buffers, timed with CUDA events on one stream: one "
-         "cudaMemcpyAsync per buffer; one cudaMemcpyBatchAsync for all; a gather kernel into a "
+         "cudaMemcpyAsync per buffer; the same with a cudaEventRecord after each copy (what a "
+         "single acquire of a spilled buffer enqueues); one cudaMemcpyBatchAsync for all; a gather kernel into a "
          "device staging buffer + one copy to pinned memory (H2D: one copy + a scatter "
          "kernel). Spillway: the spill and prefetch columns above (wall clock, request to "
          "idle).\n");
