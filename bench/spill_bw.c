@@ -75,6 +75,7 @@ typedef struct result {
   double duplex, raw_duplex;
 #ifdef SPW_BENCH_HAVE_CUDA
   double small_d2h[SMALL_NVAR], small_h2d[SMALL_NVAR]; /* 0: not measured */
+  double small_enq_h2d[SMALL_NVAR]; /* host seconds to enqueue one H2D pass, median */
 #endif
   uint64_t arena_before; /* pinned arena bytes mapped when the first timed spill started */
   uint64_t bad;          /* wrong words in the checked sample */
@@ -330,12 +331,16 @@ static int small_enqueue(small_ctx_t *x, int v, int down) {
   return e == 0 ? SPW_OK : cuda_err("scatter kernel", (cudaError_t)e);
 }
 
-/* Pass 0 warms up untimed; each later one is bracketed by events on the stream. */
-static int small_time(small_ctx_t *x, int v, int down, unsigned reps, double *gbs) {
-  double t[16];
+/* Pass 0 warms up untimed; each later one is bracketed by events on the stream. `enq`: the
+ * calling thread's time to enqueue a pass (the GPU may still run it), median. */
+static int small_time(small_ctx_t *x, int v, int down, unsigned reps, double *gbs,
+                      double *enq) {
+  double t[16], te[16];
   for (unsigned r = 0; r <= reps; r++) {
     int st = cuda_err("cudaEventRecord", cudaEventRecord(x->e0, x->s));
+    double t0 = bench_now();
     if (st == SPW_OK) st = small_enqueue(x, v, down);
+    if (r > 0) te[r - 1] = bench_now() - t0;
     if (st == SPW_OK) st = cuda_err("cudaEventRecord", cudaEventRecord(x->e1, x->s));
     if (st == SPW_OK) st = cuda_err("cudaEventSynchronize", cudaEventSynchronize(x->e1));
     float ms = 0;
@@ -345,6 +350,7 @@ static int small_time(small_ctx_t *x, int v, int down, unsigned reps, double *gb
     if (r > 0) t[r - 1] = ms * 1e-3;
   }
   *gbs = bench_gbs((uint64_t)x->size * x->count, bench_median(t, reps));
+  *enq = bench_median(te, reps);
   return SPW_OK;
 }
 
@@ -410,9 +416,11 @@ static int small_run(ctx_t *c, small_ctx_t *x, uint32_t seed) {
     if (st == SPW_OK) st = cuda_err("cudaStreamSynchronize", cudaStreamSynchronize(x->s));
     for (int v = 0; v < SMALL_NVAR && st == SPW_OK; v++) {
       uint64_t bad = 0;
+      double enq;
       st = small_poison(x, down);
       if (st == SPW_OK)
-        st = small_time(x, v, down, c->reps, down ? &r->small_d2h[v] : &r->small_h2d[v]);
+        st = small_time(x, v, down, c->reps, down ? &r->small_d2h[v] : &r->small_h2d[v],
+                        down ? &enq : &r->small_enq_h2d[v]);
       if (st == SPW_OK) st = small_check(x, v, down, sd, &bad);
       r->bad += bad;
     }
@@ -627,6 +635,19 @@ static void print_small_table(const result_t *r, size_t n) {
          "device staging buffer + one copy to pinned memory (H2D: one copy + a scatter "
          "kernel). Spillway: the spill and prefetch columns above (wall clock, request to "
          "idle).\n");
+  printf("\nthe calling thread's time to enqueue, µs per buffer (H2D): what a single acquire "
+         "of a spilled buffer costs its caller (stage table: acquire: calls) next to the raw "
+         "copies it stands for\n\n| size | per-buffer memcpy | per-buffer memcpy + event | "
+         "Spillway acquire: calls |\n| ---: | ---: | ---: | ---: |\n");
+  for (size_t i = 0; i < n; i++) {
+    if (!(r[i].small_d2h[SMALL_MEMCPY] > 0)) continue;
+    char sz[32];
+    bench_fmt_size(r[i].size, sz, sizeof sz);
+    double per = 1e6 / (double)r[i].count;
+    printf("| %s | %.3f | %.3f | %.3f |\n", sz, r[i].small_enq_h2d[SMALL_MEMCPY] * per,
+           r[i].small_enq_h2d[SMALL_MEMCPY_EVENT] * per,
+           r[i].stage_s[STAGE_ACQUIRE_CALLS] * per);
+  }
 }
 #endif
 
