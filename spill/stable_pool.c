@@ -54,7 +54,6 @@
 #include <string.h>
 
 #include <pthread.h>
-#include <unistd.h>
 
 #include "grow.h"
 
@@ -425,51 +424,26 @@ int spw__stable_unmap(spw_stable_t *sp, void *va) {
   return st;
 }
 
-int spw__stable_share(spw_stable_t *sp, const void *va, int **fds, uint64_t **fd_offsets,
-                      size_t *n, size_t *chunk_bytes, size_t *offset) {
+int spw__stable_share(spw_stable_t *sp, const void *va, int *fd, uint64_t *fd_offset,
+                      size_t *chunk_bytes, size_t *offset) {
   pthread_mutex_lock(&sp->mu);
   region_t *r = find(sp, va, NULL);
-  const uint64_t *chunks = NULL;
-  size_t count = 0;
   int st = SPW_ERR_INVALID_ARG;
   if (r && !r->small && r->va == va && !r->dead) {
     st = r->lmaps > 0 ? SPW_OK : SPW_ERR_NOT_LOCKED;
-    chunks = &r->chunk;
-    count = 1;
   } else if (r && r->small) {
     uint32_t b = block_of(r, va);
-    if (b != UINT32_MAX && b < r->next && r->state[b] == BLOCK_OWNED) {
+    if (b != UINT32_MAX && b < r->next && r->state[b] == BLOCK_OWNED)
       st = r->bmaps[b] > 0 ? SPW_OK : SPW_ERR_NOT_LOCKED;
-      chunks = &r->chunk;
-      count = 1;
-    }
   }
-  int *f = NULL;
-  uint64_t *o = NULL;
-  if (st == SPW_OK) {
-    f = malloc(count * sizeof *f);
-    o = malloc(count * sizeof *o);
-    if (!f || !o) st = SPW_ERR_SYSTEM;
-  }
-  /* Under mu: the chunks stay where they are while their descriptors are made. */
-  size_t i = 0;
-  for (; st == SPW_OK && i < count; i++)
-    st = sp->p.ops->chunk_export(sp->p.be, chunks[i], &f[i], &o[i]);
+  /* Under mu: the chunk stays where it is while its descriptor is made. */
+  if (st == SPW_OK) st = sp->p.ops->chunk_export(sp->p.be, r->chunk, fd, fd_offset);
   if (st == SPW_OK) {
     *chunk_bytes = r->span;
     *offset = (size_t)((const uint8_t *)va - r->va);
   }
   pthread_mutex_unlock(&sp->mu);
-  if (st != SPW_OK) {
-    for (size_t k = 0; k + 1 < i; k++) close(f[k]);
-    free(f);
-    free(o);
-    return st;
-  }
-  *fds = f;
-  *fd_offsets = o;
-  *n = count;
-  return SPW_OK;
+  return st;
 }
 
 int spw__stable_owns(spw_stable_t *sp, const void *ptr) {

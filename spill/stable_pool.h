@@ -62,14 +62,13 @@ int spw__stable_unmap(spw_stable_t *sp, void *va);
 int spw__stable_owns(spw_stable_t *sp, const void *ptr);
 
 /* What another process needs to map the mapped memory of the buffer at `va` (config.ipc):
- * a descriptor and an offset per chunk behind it (chunk_export: a large buffer's chunk, a
- * small buffer's page chunk: one either way), the size of each (a whole number of
- * granules), and the buffer's offset in the first.
- * The arrays are malloc'ed; the caller closes the descriptors and frees both. Errors:
- * SPW_ERR_NOT_LOCKED (not mapped: not resident), SPW_ERR_INVALID_ARG (not a buffer's
- * range), SPW_ERR_SYSTEM, the backend's (SPW_ERR_UNSUPPORTED: chunks not exportable). */
-int spw__stable_share(spw_stable_t *sp, const void *va, int **fds, uint64_t **fd_offsets,
-                      size_t *n, size_t *chunk_bytes, size_t *offset);
+ * the descriptor of the one chunk behind it (chunk_export: a large buffer's own chunk, a
+ * small buffer's page chunk) and where the chunk starts in it, the chunk's size (a whole
+ * number of granules), and the buffer's offset in the chunk. The caller closes *fd.
+ * Errors: SPW_ERR_NOT_LOCKED (not mapped: not resident), SPW_ERR_INVALID_ARG (not a
+ * buffer's range), the backend's (SPW_ERR_UNSUPPORTED: chunks not exportable). */
+int spw__stable_share(spw_stable_t *sp, const void *va, int *fd, uint64_t *fd_offset,
+                      size_t *chunk_bytes, size_t *offset);
 /* Gives every pooled chunk and idle page back to the device; returns the bytes released. */
 uint64_t spw__stable_trim(spw_stable_t *sp);
 

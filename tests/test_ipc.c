@@ -378,9 +378,8 @@ typedef struct wire_request {
 } wire_request_t;
 typedef struct wire_reply {
   int32_t status;
-  uint32_t total, count, reserved;
-  uint64_t chunk, offset;
-  uint64_t fd_offsets[64];
+  uint32_t reserved;
+  uint64_t chunk, offset, fd_offset;
 } wire_reply_t;
 
 typedef struct fake_exporter {
@@ -395,7 +394,8 @@ static void *fake_exporter_serve(void *arg) {
   wire_request_t req;
   if (recv(conn, &req, sizeof req, 0) == (ssize_t)sizeof req) {
     int fd = memfd_create("fake-chunk", MFD_CLOEXEC);
-    wire_reply_t r = {.status = SPW_OK, .total = 1, .count = 1, .chunk = fx->chunk};
+    if (fx->chunk <= ((uint64_t)64 << 20)) (void)ftruncate(fd, (off_t)fx->chunk);
+    wire_reply_t r = {.status = SPW_OK, .chunk = fx->chunk};
     struct iovec iov = {&r, sizeof r};
     union {
       char buf[CMSG_SPACE(sizeof(int))];
@@ -415,8 +415,10 @@ static void *fake_exporter_serve(void *arg) {
   return NULL;
 }
 
-/* Opens a handle of `bytes` whose exporter answers with one chunk of `chunk` bytes. */
-static int open_from_a_fake_exporter(spw_runtime_t *rt, size_t bytes, uint64_t chunk) {
+/* Opens a handle of `bytes` (in the wire format `version`) whose exporter answers with one
+ * chunk of `chunk` bytes; reads and writes the buffer's bytes when it opens. */
+static int open_from_a_fake_exporter(spw_runtime_t *rt, size_t bytes, uint64_t chunk,
+                                     uint32_t version) {
   const uint32_t pid = (uint32_t)getpid() + 100000;
   const uint64_t nonce = 0x5eed0000u + (uint64_t)chunk;
   fake_exporter_t fx = {socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0), chunk};
@@ -433,7 +435,7 @@ static int open_from_a_fake_exporter(spw_runtime_t *rt, size_t bytes, uint64_t c
   ASSERT_EQ(pthread_create(&t, NULL, fake_exporter_serve, &fx), 0);
   spw_ipc_handle_t h;
   memset(&h, 0, sizeof h);
-  wire_ref_t ref = {.magic = 0x56575053u, .version = 1, .nonce = nonce, .id = 1};
+  wire_ref_t ref = {.magic = 0x56575053u, .version = version, .nonce = nonce, .id = 1};
   memcpy(h.handle, &ref, sizeof ref);
   h.bytes = bytes;
   h.backend = (int32_t)test_backend();
@@ -441,9 +443,19 @@ static int open_from_a_fake_exporter(spw_runtime_t *rt, size_t bytes, uint64_t c
   h.kind = SPW_IPC_KIND_CHUNKS;
   void *d = NULL;
   int st = spw_ipc_open(rt, &h, &d);
+  if (version != 2) { /* refused before asking: let the exporter's accept return */
+    int c = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    (void)connect(c, (struct sockaddr *)&a,
+                  (socklen_t)(offsetof(struct sockaddr_un, sun_path) + 1 + (size_t)len));
+    close(c);
+  }
   pthread_join(t, NULL);
   close(fx.listen_fd);
-  if (st == SPW_OK) (void)spw_ipc_close(rt, d);
+  if (st == SPW_OK) {
+    memset(d, 0x5A, bytes);
+    ASSERT_UEQ(((unsigned char *)d)[bytes - 1], 0x5A);
+    ASSERT_OK(spw_ipc_close(rt, d));
+  }
   return st;
 }
 
@@ -452,10 +464,23 @@ static void an_exporter_answer_that_does_not_fit_the_handle_is_refused(void) {
   spw_runtime_t *rt = ipc_runtime(SPW_IPC_OFF);
   size_t gran = 0;
   ASSERT_OK(spw_stable_granularity(rt, &gran));
-  ASSERT_STATUS(open_from_a_fake_exporter(rt, gran, gran + 4096), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(open_from_a_fake_exporter(rt, gran, gran + 4096, 2), SPW_ERR_INVALID_ARG);
   ASSERT_TRUE(strstr(spw_last_error(rt), "granule") != NULL);
-  ASSERT_STATUS(open_from_a_fake_exporter(rt, gran, 4 * gran), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(open_from_a_fake_exporter(rt, gran, 4 * gran, 2), SPW_ERR_INVALID_ARG);
   ASSERT_TRUE(strstr(spw_last_error(rt), "granule") != NULL);
+  /* The control: the same exporter answering with the chunk the handle needs is opened. */
+  ASSERT_OK(open_from_a_fake_exporter(rt, gran, gran, 2));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+static void a_handle_of_another_wire_format_is_refused_by_name(void) {
+  TEST_SKIP_IF(test_backend() != SPW_BACKEND_HOST, "the fake exporter's chunk is a memfd");
+  spw_runtime_t *rt = ipc_runtime(SPW_IPC_OFF);
+  size_t gran = 0;
+  ASSERT_OK(spw_stable_granularity(rt, &gran));
+  /* Format 1 (a descriptor per 2 MiB chunk) is another Spillway's: no answer is read. */
+  ASSERT_STATUS(open_from_a_fake_exporter(rt, gran, gran, 1), SPW_ERR_INVALID_ARG);
+  ASSERT_TRUE(strstr(spw_last_error(rt), "another Spillway version") != NULL);
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
@@ -547,6 +572,7 @@ static const spw_test_t tests[] = {
     TEST(open_of_a_handle_of_this_process_is_unsupported),
     TEST(open_arguments_and_forged_handles_are_refused),
     TEST(an_exporter_answer_that_does_not_fit_the_handle_is_refused),
+    TEST(a_handle_of_another_wire_format_is_refused_by_name),
     TEST(config_ipc_is_validated),
     TEST(exportable_memory_keeps_every_byte_through_spills),
 };

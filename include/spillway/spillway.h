@@ -623,9 +623,10 @@ SPW_API int spw_ipc_export_ptr(spw_runtime_t *rt, const void *dptr, size_t bytes
  * and is never spilled. Close it with spw_ipc_close before the exporter lets it go. A
  * process cannot open its own handles (CUDA refuses; use the buffer itself). Errors:
  * SPW_ERR_INVALID_ARG (NULL, a handle of another backend kind, of an unknown kind, with a
- * bad offset or size, or whose token the exporter does not know), SPW_ERR_UNSUPPORTED (a
- * handle from this same process; an address-stable buffer's handle on a device without
- * virtual memory management), SPW_ERR_NOT_LOCKED / SPW_ERR_FREED (an address-stable
+ * bad offset or size, or whose token the exporter does not know; an address-stable
+ * buffer's handle made by another Spillway version, or whose exporter's answer does not
+ * fit it), SPW_ERR_UNSUPPORTED (a handle from this same process; an address-stable
+ * buffer's handle on a device without virtual memory management), SPW_ERR_NOT_LOCKED / SPW_ERR_FREED (an address-stable
  * buffer's exporter no longer holds it resident and locked, or freed it), SPW_ERR_CUDA (the
  * driver refused it, or the exporter has exited), SPW_ERR_SYSTEM. Blocks for the exporter's
  * answer (at most 10 s without progress). Thread-safe. */

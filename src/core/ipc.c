@@ -53,7 +53,7 @@ static int remember(spw_runtime_t *rt, const spw_ipc_opened_t *o) {
 }
 
 static int unmap(spw_runtime_t *rt, const spw_ipc_opened_t *o) {
-  if (!o->chunks) return rt->ops->ipc_close(rt->be, o->base);
+  if (!o->chunk_bytes) return rt->ops->ipc_close(rt->be, o->base);
   spw__ipc_unmap_chunks(rt, o);
   return SPW_OK;
 }

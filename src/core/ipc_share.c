@@ -7,10 +7,11 @@
  * the descriptors themselves: the handle names this runtime's socket (an abstract name made
  * of the pid and a random nonce, so a reused pid cannot answer) and an export record (an
  * id and a random 128-bit token). A server thread, started by the first such export,
- * answers an importer's request with the descriptors of the buffer's chunks, made at that
- * moment and only while the buffer is resident and locked, which is what keeps it in place
- * (the same contract as a legacy export). The importer reserves a range, imports and maps
- * each chunk there, and closes the descriptors; spw_ipc_close unmaps and releases them.
+ * answers an importer's request with the descriptor of the buffer's chunk (a large buffer
+ * is one chunk of its own, a small one lies in its page's chunk: stable_pool.h), made at
+ * that moment and only while the buffer is resident and locked, which is what keeps it in
+ * place (the same contract as a legacy export). The importer reserves a range, imports and
+ * maps the chunk there, and closes the descriptor; spw_ipc_close unmaps and releases it.
  *
  * The server answers one request at a time, each bounded by a receive timeout, so a stuck
  * importer delays others by at most that. Records live until their buffer is freed (pruned
@@ -33,7 +34,7 @@
 #include "stable_pool.h"
 
 #define SHARE_MAGIC 0x56575053u /* "SPWV" */
-#define SHARE_FDS_PER_MSG 64    /* well under the kernel's SCM_MAX_FD (253) */
+#define SHARE_VERSION 2u        /* 1 sent a descriptor per 2 MiB chunk */
 #define SHARE_TIMEOUT_S 10      /* a peer that stops talking is dropped after this */
 
 /* What a chunk handle carries in spw_ipc_handle_t.handle. */
@@ -49,12 +50,12 @@ typedef struct share_request {
   uint8_t token[16];
 } share_request_t;
 
+/* With status SPW_OK, the message carries the chunk's descriptor; otherwise none. */
 typedef struct share_reply {
   int32_t status;
-  uint32_t total, count; /* chunks in all, and descriptors with this message */
   uint32_t reserved;
-  uint64_t chunk, offset; /* each chunk's bytes; the buffer's offset in the first */
-  uint64_t fd_offsets[SHARE_FDS_PER_MSG];
+  uint64_t chunk, offset; /* the chunk's bytes; the buffer's offset in it */
+  uint64_t fd_offset;     /* where the chunk starts in its descriptor (host backend: a memfd) */
 } share_reply_t;
 
 typedef struct share_export {
@@ -113,23 +114,25 @@ static void set_timeout(int fd) {
 
 /* ---- the exporter's server ------------------------------------------------------------- */
 
-static int send_reply(int conn, const share_reply_t *r, const int *fds) {
+/* `fd`: the chunk's descriptor, or -1 (a refusal). */
+static void send_reply(int conn, const share_reply_t *r, int fd) {
   struct iovec iov = {(void *)r, sizeof *r};
   union {
-    char buf[CMSG_SPACE(sizeof(int) * SHARE_FDS_PER_MSG)];
+    char buf[CMSG_SPACE(sizeof(int))];
     struct cmsghdr align;
   } c;
   struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1};
-  if (r->count > 0) {
+  if (fd >= 0) {
     m.msg_control = c.buf;
-    m.msg_controllen = CMSG_SPACE(sizeof(int) * r->count);
+    m.msg_controllen = sizeof c.buf;
     struct cmsghdr *h = CMSG_FIRSTHDR(&m);
     h->cmsg_level = SOL_SOCKET;
     h->cmsg_type = SCM_RIGHTS;
-    h->cmsg_len = CMSG_LEN(sizeof(int) * r->count);
-    memcpy(CMSG_DATA(h), fds, sizeof(int) * r->count);
+    h->cmsg_len = CMSG_LEN(sizeof(int));
+    memcpy(CMSG_DATA(h), &fd, sizeof fd);
   }
-  return sendmsg(conn, &m, MSG_NOSIGNAL) == (ssize_t)sizeof *r ? 0 : -1;
+  /* A failed send leaves the importer with a broken answer, which it reports. */
+  (void)sendmsg(conn, &m, MSG_NOSIGNAL);
 }
 
 /* Whether the record `req` names exists, and its buffer if so. */
@@ -145,9 +148,8 @@ static int find_export(spw_ipc_server_t *sv, const share_request_t *req, spw_buf
   return found;
 }
 
-/* The descriptors of the buffer's chunks, if it is still resident and locked. */
-static int share_buffer(spw_runtime_t *rt, spw_buf_t buf, int **fds, uint64_t **offs,
-                        size_t *n, size_t *chunk, size_t *offset) {
+/* The descriptor of the buffer's chunk, if it is still resident and locked. */
+static int share_buffer(spw_runtime_t *rt, spw_buf_t buf, int *fd, share_reply_t *r) {
   spw_slot_t *s;
   uint64_t w;
   int st = spw__handles_lookup(&rt->handles, buf, &s, &w);
@@ -157,35 +159,23 @@ static int share_buffer(spw_runtime_t *rt, spw_buf_t buf, int **fds, uint64_t **
   if (!va || spw__w_count(w) == 0 || spw__w_state(w) != SPW_STATE_RESIDENT)
     return SPW_ERR_NOT_LOCKED;
   /* The pool checks again, under its own lock, that the memory is mapped. */
-  return spw__stable_share(rt->stable, va, fds, offs, n, chunk, offset);
+  size_t chunk = 0, offset = 0;
+  st = spw__stable_share(rt->stable, va, fd, &r->fd_offset, &chunk, &offset);
+  r->chunk = chunk;
+  r->offset = offset;
+  return st;
 }
 
 static void serve(spw_ipc_server_t *sv, int conn) {
   share_request_t req;
   if (recv(conn, &req, sizeof req, 0) != (ssize_t)sizeof req) return;
   share_reply_t r = {.status = SPW_ERR_INVALID_ARG};
-  int *fds = NULL;
-  uint64_t *offs = NULL;
-  size_t n = 0, chunk = 0, offset = 0;
+  int fd = -1;
   spw_buf_t buf;
-  if (find_export(sv, &req, &buf))
-    r.status = share_buffer(sv->rt, buf, &fds, &offs, &n, &chunk, &offset);
-  if (r.status != SPW_OK) {
-    (void)send_reply(conn, &r, NULL);
-    return;
-  }
-  r.total = (uint32_t)n;
-  r.chunk = chunk;
-  r.offset = offset;
-  for (size_t at = 0; at < n;) {
-    r.count = (uint32_t)(n - at < SHARE_FDS_PER_MSG ? n - at : SHARE_FDS_PER_MSG);
-    memcpy(r.fd_offsets, offs + at, r.count * sizeof *offs);
-    if (send_reply(conn, &r, fds + at) != 0) break;
-    at += r.count;
-  }
-  for (size_t i = 0; i < n; i++) close(fds[i]); /* the importer holds its own copies */
-  free(fds);
-  free(offs);
+  if (find_export(sv, &req, &buf)) r.status = share_buffer(sv->rt, buf, &fd, &r);
+  if (r.status != SPW_OK) r = (share_reply_t){.status = r.status};
+  send_reply(conn, &r, r.status == SPW_OK ? fd : -1);
+  if (fd >= 0) close(fd); /* the importer holds its own copy */
 }
 
 static void *server_main(void *arg) {
@@ -298,7 +288,8 @@ int spw__ipc_export_stable(spw_runtime_t *rt, spw_buf_t buf, size_t bytes,
   if ((st = record(rt, sv, buf, &e)) != SPW_OK) return st;
   spw_ipc_handle_t h;
   memset(&h, 0, sizeof h);
-  share_ref_t ref = {.magic = SHARE_MAGIC, .version = 1, .nonce = sv->nonce, .id = e.id};
+  share_ref_t ref = {.magic = SHARE_MAGIC, .version = SHARE_VERSION, .nonce = sv->nonce,
+                     .id = e.id};
   memcpy(ref.token, e.token, sizeof ref.token);
   memcpy(h.handle, &ref, sizeof ref);
   h.bytes = bytes;
@@ -312,46 +303,35 @@ int spw__ipc_export_stable(spw_runtime_t *rt, spw_buf_t buf, size_t bytes,
 
 /* ---- the importer -------------------------------------------------------------------- */
 
-/* Receives one reply, its descriptors into fds[0..r->count). Any other shape is an error,
- * and then no descriptor is left open. */
-static int recv_reply(int conn, share_reply_t *r, int fds[SHARE_FDS_PER_MSG]) {
+/* Receives the answer: its chunk's descriptor in *fd with status SPW_OK, none otherwise.
+ * Any other shape is an error, and then no descriptor is left open. */
+static int recv_reply(int conn, share_reply_t *r, int *fd) {
   struct iovec iov = {r, sizeof *r};
   union {
-    char buf[CMSG_SPACE(sizeof(int) * SHARE_FDS_PER_MSG)];
+    char buf[CMSG_SPACE(sizeof(int) * 4)]; /* room to see, and close, a few too many */
     struct cmsghdr align;
   } c;
   struct msghdr m = {.msg_iov = &iov, .msg_iovlen = 1, .msg_control = c.buf,
                      .msg_controllen = sizeof c.buf};
   ssize_t got = recvmsg(conn, &m, MSG_CMSG_CLOEXEC);
   size_t nfd = 0;
+  *fd = -1;
   for (struct cmsghdr *h = got >= 0 ? CMSG_FIRSTHDR(&m) : NULL; h; h = CMSG_NXTHDR(&m, h)) {
     if (h->cmsg_level != SOL_SOCKET || h->cmsg_type != SCM_RIGHTS) continue;
     size_t k = (h->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-    for (size_t i = 0; i < k; i++) {
-      int fd;
-      memcpy(&fd, CMSG_DATA(h) + i * sizeof fd, sizeof fd);
-      if (nfd < SHARE_FDS_PER_MSG) fds[nfd++] = fd;
-      else close(fd);
+    for (size_t i = 0; i < k; i++, nfd++) {
+      int one;
+      memcpy(&one, CMSG_DATA(h) + i * sizeof one, sizeof one);
+      if (nfd == 0) *fd = one;
+      else close(one);
     }
   }
   if (got == (ssize_t)sizeof *r && !(m.msg_flags & (MSG_TRUNC | MSG_CTRUNC)) &&
-      r->count <= SHARE_FDS_PER_MSG && nfd == r->count)
+      nfd == (r->status == SPW_OK ? 1u : 0u))
     return 0;
-  for (size_t i = 0; i < nfd; i++) close(fds[i]);
+  if (*fd >= 0) close(*fd);
+  *fd = -1;
   return -1;
-}
-
-typedef struct shared {
-  int *fds;
-  uint64_t *offs;
-  size_t n, chunk, offset; /* descriptors; each chunk's bytes; the buffer's offset */
-} shared_t;
-
-static void shared_drop(shared_t *sh) {
-  for (size_t i = 0; i < sh->n; i++) close(sh->fds[i]);
-  free(sh->fds);
-  free(sh->offs);
-  *sh = (shared_t){0};
 }
 
 static int refused(spw_runtime_t *rt, uint32_t pid, int status) {
@@ -362,9 +342,9 @@ static int refused(spw_runtime_t *rt, uint32_t pid, int status) {
   return spw__set_error(rt, status, "the exporter (pid %u) refused the handle: %s", pid, why);
 }
 
-/* Asks the exporter for the buffer's chunks. */
+/* Asks the exporter for the buffer's chunk: *fd and *r on success. */
 static int ask(spw_runtime_t *rt, const spw_ipc_handle_t *h, const share_ref_t *ref,
-               shared_t *out) {
+               share_reply_t *r, int *fd) {
   int conn = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
   if (conn < 0) return spw__set_error(rt, SPW_ERR_SYSTEM, "socket: %s", strerror(errno));
   set_timeout(conn);
@@ -380,113 +360,59 @@ static int ask(spw_runtime_t *rt, const spw_ipc_handle_t *h, const share_ref_t *
                           "the exporter (pid %u) does not answer: it has exited or destroyed "
                           "its runtime (%s)", h->pid, strerror(err));
   }
-  shared_t sh = {0};
-  size_t total = 0;
-  int st = SPW_OK;
-  for (;;) {
-    share_reply_t r;
-    int got[SHARE_FDS_PER_MSG];
-    if (recv_reply(conn, &r, got) != 0) {
-      st = spw__set_error(rt, SPW_ERR_CUDA, "the exporter (pid %u) broke off its answer", h->pid);
-      break;
-    }
-    if (r.status != SPW_OK) {
-      st = refused(rt, h->pid, r.status);
-      break;
-    }
-    if (!sh.fds) { /* the first answer says how many, and where the buffer lies */
-      total = r.total;
-      sh.chunk = r.chunk;
-      sh.offset = r.offset;
-      /* Exactly the chunks that hold the handle's bytes (their size against this device's
-       * granule is checked by the caller): an answer cannot make this process allocate or
-       * wait for more than the handle says. */
-      int sane = r.chunk > 0 && r.chunk <= SIZE_MAX / 4 && r.offset < r.chunk &&
-                 h->bytes <= SIZE_MAX / 4 &&
-                 total == (r.offset + h->bytes + r.chunk - 1) / r.chunk;
-      sh.fds = sane ? malloc(total * sizeof *sh.fds) : NULL;
-      sh.offs = sane ? malloc(total * sizeof *sh.offs) : NULL;
-      if (!sh.fds || !sh.offs) {
-        for (size_t i = 0; i < r.count; i++) close(got[i]);
-        st = sane ? SPW_ERR_SYSTEM
-                  : spw__set_error(rt, SPW_ERR_INVALID_ARG,
-                                   "the exporter's answer does not fit the handle's %llu bytes",
-                                   (unsigned long long)h->bytes);
-        break;
-      }
-    }
-    if (r.count > total - sh.n) {
-      for (size_t i = 0; i < r.count; i++) close(got[i]);
-      st = spw__set_error(rt, SPW_ERR_CUDA, "the exporter (pid %u) sent too many chunks", h->pid);
-      break;
-    }
-    memcpy(sh.fds + sh.n, got, r.count * sizeof *got);
-    memcpy(sh.offs + sh.n, r.fd_offsets, r.count * sizeof *sh.offs);
-    sh.n += r.count;
-    if (sh.n == total) break;
-  }
+  int bad = recv_reply(conn, r, fd);
   close(conn);
-  if (st != SPW_OK) {
-    shared_drop(&sh);
-    return st;
-  }
-  *out = sh;
-  return SPW_OK;
+  if (bad) return spw__set_error(rt, SPW_ERR_CUDA, "the exporter (pid %u) broke off its answer", h->pid);
+  return r->status == SPW_OK ? SPW_OK : refused(rt, h->pid, r->status);
 }
 
 void spw__ipc_unmap_chunks(spw_runtime_t *rt, const spw_ipc_opened_t *o) {
-  /* Whole chunks, one at a time: the imported ones may not share one mapping. */
-  for (size_t i = 0; i < o->nchunks; i++) {
-    (void)rt->ops->chunk_unmap(rt->be, (char *)o->base + i * o->chunk_bytes, o->chunk_bytes);
-    rt->ops->chunk_release(rt->be, o->chunks[i], o->chunk_bytes);
-  }
-  (void)rt->ops->vm_free(rt->be, o->base, o->nchunks * o->chunk_bytes);
-  free(o->chunks);
+  (void)rt->ops->chunk_unmap(rt->be, o->base, o->chunk_bytes);
+  rt->ops->chunk_release(rt->be, o->chunk, o->chunk_bytes);
+  (void)rt->ops->vm_free(rt->be, o->base, o->chunk_bytes);
 }
 
 int spw__ipc_open_chunks(spw_runtime_t *rt, const spw_ipc_handle_t *h, spw_ipc_opened_t *out) {
   share_ref_t ref;
   memcpy(&ref, h->handle, sizeof ref);
-  if (ref.magic != SHARE_MAGIC || ref.version != 1)
+  if (ref.magic != SHARE_MAGIC)
     return spw__set_error(rt, SPW_ERR_INVALID_ARG, "not a handle of an address-stable buffer");
+  if (ref.version != SHARE_VERSION)
+    return spw__set_error(rt, SPW_ERR_INVALID_ARG,
+                          "a handle of another Spillway version (format %u, this one reads %u)",
+                          ref.version, SHARE_VERSION);
   size_t gran = 0;
   int st = spw__stable_granularity(rt->stable, &gran);
   if (st != SPW_OK)
     return spw__set_error(rt, st, "this device has no virtual memory management, which an "
                                   "address-stable buffer's handle needs");
-  shared_t sh;
-  if ((st = ask(rt, h, &ref, &sh)) != SPW_OK) return st;
-  /* Whole granules of this device, and no more of them than the buffer's bytes need. */
-  size_t need = (sh.offset + h->bytes + gran - 1) / gran * gran;
-  if (sh.chunk % gran || sh.n * sh.chunk > need) {
-    size_t chunk = sh.chunk;
-    shared_drop(&sh);
+  share_reply_t r;
+  int fd = -1;
+  if ((st = ask(rt, h, &ref, &r, &fd)) != SPW_OK) return st;
+  /* Whole granules of this device, holding the buffer's bytes, and no more granules than
+   * they need: an answer cannot make this process map more than the handle says. */
+  const uint64_t bytes = h->bytes; /* spw__ipc_open bounds it under SIZE_MAX / 2 */
+  int fits = r.chunk > 0 && r.chunk <= SIZE_MAX / 2 && r.chunk % gran == 0 &&
+             r.offset < r.chunk && bytes <= r.chunk - r.offset &&
+             r.chunk == (r.offset + bytes + gran - 1) / gran * gran;
+  if (!fits) {
+    close(fd);
     return spw__set_error(rt, SPW_ERR_INVALID_ARG,
-                          "the exporter's chunks of %zu bytes do not fit this device's granule "
-                          "of %zu for a buffer of %llu bytes", chunk, gran,
-                          (unsigned long long)h->bytes);
+                          "the exporter's chunk of %llu bytes does not fit this device's "
+                          "granule of %zu for a buffer of %llu bytes",
+                          (unsigned long long)r.chunk, gran, (unsigned long long)bytes);
   }
-  const size_t chunk = sh.chunk;
-  spw_ipc_opened_t o = {.chunk_bytes = chunk, .chunks = calloc(sh.n, sizeof *o.chunks)};
-  st = o.chunks ? rt->ops->vm_reserve(rt->be, sh.n * chunk, &o.base) : SPW_ERR_SYSTEM;
-  for (; st == SPW_OK && o.nchunks < sh.n; o.nchunks++) {
-    size_t i = o.nchunks;
-    st = rt->ops->chunk_import(rt->be, sh.fds[i], sh.offs[i], chunk, &o.chunks[i]);
-    if (st != SPW_OK) break;
-    st = rt->ops->chunk_map(rt->be, (char *)o.base + i * chunk, chunk, o.chunks[i]);
-    if (st != SPW_OK) {
-      rt->ops->chunk_release(rt->be, o.chunks[i], chunk);
-      break;
-    }
+  spw_ipc_opened_t o = {.chunk_bytes = (size_t)r.chunk};
+  st = rt->ops->vm_reserve(rt->be, o.chunk_bytes, &o.base);
+  if (st == SPW_OK) {
+    st = rt->ops->chunk_import(rt->be, fd, r.fd_offset, o.chunk_bytes, &o.chunk);
+    if (st == SPW_OK && (st = rt->ops->chunk_map(rt->be, o.base, o.chunk_bytes, o.chunk)) != SPW_OK)
+      rt->ops->chunk_release(rt->be, o.chunk, o.chunk_bytes);
+    if (st != SPW_OK) (void)rt->ops->vm_free(rt->be, o.base, o.chunk_bytes);
   }
-  size_t offset = sh.offset;
-  shared_drop(&sh); /* imported chunks hold the memory; the descriptors are done */
-  if (st != SPW_OK) {
-    if (o.base) spw__ipc_unmap_chunks(rt, &o);
-    else free(o.chunks);
-    return st;
-  }
-  o.dptr = (char *)o.base + offset;
+  close(fd); /* an imported chunk holds the memory; the descriptor is done */
+  if (st != SPW_OK) return st;
+  o.dptr = (char *)o.base + r.offset;
   *out = o;
   return SPW_OK;
 }

@@ -71,9 +71,9 @@ typedef struct spw_counters {
 
 typedef struct spw_ipc_opened {
   void *dptr; /* what spw_ipc_open returned */
-  void *base; /* the region the backend mapped, or the range the chunks are mapped in */
-  uint64_t *chunks; /* imported chunks (a stable buffer's handle), else NULL */
-  size_t nchunks, chunk_bytes; /* how many, and the bytes of each */
+  void *base; /* the region the backend mapped, or the range the chunk is mapped in */
+  uint64_t chunk;     /* an imported chunk (a stable buffer's handle) ... */
+  size_t chunk_bytes; /* ... of these bytes; 0 for a region */
 } spw_ipc_opened_t;
 
 typedef struct spw_ipc_server spw_ipc_server_t; /* ipc_share.c */
