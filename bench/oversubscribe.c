@@ -61,6 +61,9 @@ typedef struct sweep {
   uint64_t peer_out, peer_in; /* the part of them that went to and came from peer memory */
   uint64_t unspills, on_demand, background, clean, disk;
   uint64_t oom_retries; /* acquires or prefetches retried after SPW_ERR_OUT_OF_MEMORY */
+  /* Pinned host memory before and after: a slab pinned during the sweep costs about a
+   * third of a second per GiB, which a slow run may owe to it. */
+  uint64_t pinned_before, pinned_after;
 } sweep_t;
 
 static int measure_link(const bench_env_t *env, uint64_t link_bytes, uint64_t piece,
@@ -187,6 +190,8 @@ static int sweep(const sweep_args_t *a, sweep_t *out) {
   out->background = s1.spills_background - s0.spills_background;
   out->clean = s1.clean_respills - s0.clean_respills;
   out->disk = (s1.disk_write_bytes - s0.disk_write_bytes) + (s1.disk_read_bytes - s0.disk_read_bytes);
+  out->pinned_before = s0.host_pinned_bytes;
+  out->pinned_after = s1.host_pinned_bytes;
   return SPW_OK;
 }
 
@@ -373,6 +378,10 @@ int main(int argc, char **argv) {
     for (size_t i = 0; i < done; i++)
       printf(" depth %" PRIu64 ": %" PRIu64 " / %" PRIu64 " / %" PRIu64 ";", res[i].depth,
              res[i].on_demand, res[i].background, res[i].clean);
+    printf("\npinned host memory before / after each sweep:");
+    for (size_t i = 0; i < done; i++)
+      printf(" depth %" PRIu64 ": %.2f / %.2f GiB;", res[i].depth,
+             (double)res[i].pinned_before / BENCH_GIB, (double)res[i].pinned_after / BENCH_GIB);
     printf("\nLRU must move %.2f GiB each way per sweep (every acquire misses)\n",
            lru_bytes / BENCH_GIB);
     if (peer_lend) print_peer_table(&link, res, done, peer_down, peer_up);
