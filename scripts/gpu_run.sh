@@ -27,7 +27,11 @@
 #                of tests/stress at 8 and then 16 threads, 5 minutes each (4x oversubscribed,
 #                disk tier on, spills and prefetches from another thread, spw_wait_idle
 #                bounded after the stop) in the background, detached: call soak-wait from
-#                the next command, within the machine's 30 s of warmth
+#                the next command, within the machine's 30 s of warmth. Beside the soak,
+#                `carried tests` takes about 390 s of a 600 s call (H100, 2026-11-26): run
+#                `sanitizer` after `soak-wait`, not in the same call as `tests`; and a test
+#                that reads the whole GPU's free memory (test_backend_cuda's cache test) may
+#                see the soak's process: run it again alone after the soak
 #   soak-wait    waits for it and prints its result
 #   bench        spill_bw, oversubscribe (three runs), disk_bw, lock_latency, launch_overhead,
 #                the demo
