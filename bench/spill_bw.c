@@ -20,10 +20,11 @@
  * one cudaMemcpyAsync per buffer; the same with a cudaEventRecord after each copy (the
  * work a single acquire of a spilled buffer enqueues, its floor); one cudaMemcpyBatchAsync
  * of all of them; a gather kernel into a device staging buffer plus one copy of it to
- * pinned memory (up: one copy into the staging buffer plus a scatter kernel). The raw device region holds a pattern before the
- * D2H passes and the pinned region another before the H2D passes; a sample of destination
- * buffers is poisoned before each variant and compared with the pattern after it. They are
- * printed in a second table next to Spillway's spill and prefetch.
+ * pinned memory (up: one copy into the staging buffer plus a scatter kernel). The raw
+ * device region holds a pattern before the D2H passes and the pinned region another before
+ * the H2D passes; a sample of destination buffers is poisoned before each variant and
+ * compared with the pattern after it. They are printed in a second table next to
+ * Spillway's spill and prefetch.
  *
  * Every timed pass is checked: after a spill all buffers must be on host and the spill byte
  * counter must have grown by the working set; after an unspill all must be resident. At the

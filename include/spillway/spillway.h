@@ -626,9 +626,10 @@ SPW_API int spw_ipc_export_ptr(spw_runtime_t *rt, const void *dptr, size_t bytes
  * bad offset or size, or whose token the exporter does not know; an address-stable
  * buffer's handle made by another Spillway version, or whose exporter's answer does not
  * fit it), SPW_ERR_UNSUPPORTED (a handle from this same process; an address-stable
- * buffer's handle on a device without virtual memory management), SPW_ERR_NOT_LOCKED / SPW_ERR_FREED (an address-stable
- * buffer's exporter no longer holds it resident and locked, or freed it), SPW_ERR_CUDA (the
- * driver refused it, or the exporter has exited), SPW_ERR_SYSTEM. Blocks for the exporter's
+ * buffer's handle on a device without virtual memory management), SPW_ERR_NOT_LOCKED /
+ * SPW_ERR_FREED (an address-stable buffer's exporter no longer holds it resident and
+ * locked, or freed it), SPW_ERR_CUDA (the driver refused it, or the exporter has exited),
+ * SPW_ERR_SYSTEM. Blocks for the exporter's
  * answer (at most 10 s without progress). Thread-safe. */
 SPW_API int spw_ipc_open(spw_runtime_t *rt, const spw_ipc_handle_t *handle, void **dptr);
 

@@ -362,7 +362,9 @@ static int ask(spw_runtime_t *rt, const spw_ipc_handle_t *h, const share_ref_t *
   }
   int bad = recv_reply(conn, r, fd);
   close(conn);
-  if (bad) return spw__set_error(rt, SPW_ERR_CUDA, "the exporter (pid %u) broke off its answer", h->pid);
+  if (bad)
+    return spw__set_error(rt, SPW_ERR_CUDA, "the exporter (pid %u) broke off its answer",
+                          h->pid);
   return r->status == SPW_OK ? SPW_OK : refused(rt, h->pid, r->status);
 }
 
