@@ -299,10 +299,10 @@ static int add_slab(spw_host_arena_t *a, size_t need, uint32_t *slot) {
   return SPW_OK;
 }
 
-int spw__arena_grow_ahead(spw_host_arena_t *a) {
+int spw__arena_grow_ahead(spw_host_arena_t *a, uint64_t held) {
   if (a->borrowed) return 0;
   pthread_mutex_lock(&a->mu);
-  uint64_t free_bytes = a->mapped - a->in_use;
+  uint64_t free_bytes = a->mapped - (held < a->in_use ? held : a->in_use);
   size_t size = a->slab_bytes;
   if (a->limit && room_left(a) < size) size = (size_t)(room_left(a) / a->page * a->page);
   int wanted = !a->growing && free_bytes < a->slab_bytes / 2 && find_spare(a, -1) < 0 &&

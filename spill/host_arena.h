@@ -67,11 +67,15 @@ void spw__arena_free(spw_host_arena_t *a, spw_host_extent_t *e);
 
 void spw__arena_get_stats(spw_host_arena_t *a, spw_arena_stats_t *out);
 
-/* Maps and pins one more slab ahead of need, if less than half a slab is free, no empty
- * slab is kept, and the limit leaves room for at least a quarter slab. Mapping and pinning
- * (a third of a second per GiB) happen outside the arena's mutex: allocations go on
+/* Maps and pins one more slab ahead of need, if less than half a slab would be free with
+ * only the `held` bytes in use, no empty slab is kept, and the limit leaves room for at
+ * least a quarter slab. `held`: the bytes of extents the caller cannot give back (data with
+ * no other copy, and copies on their way in), as opposed to copies kept for convenience or
+ * frees already on their way: those come and go, and a slab pinned for them is a guess (a
+ * larger `held` than the bytes in use counts as the bytes in use). Mapping and pinning (a
+ * third of a second per GiB) happen outside the arena's mutex: allocations go on
  * meanwhile, and one that finds no room waits for this slab rather than map another.
  * Returns 1 if it added a slab. For a background thread: it blocks while it maps. */
-int spw__arena_grow_ahead(spw_host_arena_t *a);
+int spw__arena_grow_ahead(spw_host_arena_t *a, uint64_t held);
 
 #endif /* SPILLWAY_SPILL_HOST_ARENA_H */

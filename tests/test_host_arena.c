@@ -334,6 +334,37 @@ static void kept_empty_slab_gives_way_under_the_limit(void) {
   end_arena(a);
 }
 
+/* Growing ahead maps one more slab once less than half a slab is free, and not before. */
+static void growing_ahead_maps_a_slab_once_less_than_half_is_free(void) {
+  spw_host_arena_t *a = new_arena(0, SLAB);
+  spw_host_extent_t x, y;
+  ASSERT_OK(spw__arena_alloc(a, SLAB / 2, &x)); /* half free: nothing yet */
+  ASSERT_EQ(spw__arena_grow_ahead(a, SLAB / 2), 0);
+  ASSERT_UEQ(stats(a).mapped, SLAB);
+  ASSERT_OK(spw__arena_alloc(a, SLAB / 4, &y)); /* a quarter free */
+  ASSERT_EQ(spw__arena_grow_ahead(a, 3 * SLAB / 4), 1);
+  ASSERT_UEQ(stats(a).mapped, 2 * SLAB);
+  ASSERT_UEQ(registers(), 2);
+  spw__arena_free(a, &x);
+  spw__arena_free(a, &y);
+  end_arena(a);
+}
+
+/* Only the held bytes count: extents the caller could give back (clean copies, frees on
+ * their way) come and go, and a slab pinned for them is a guess. More held than in use
+ * counts as what is in use. */
+static void growing_ahead_counts_only_the_held_bytes(void) {
+  spw_host_arena_t *a = new_arena(0, SLAB);
+  spw_host_extent_t x;
+  ASSERT_OK(spw__arena_alloc(a, 3 * SLAB / 4, &x)); /* a quarter free */
+  ASSERT_EQ(spw__arena_grow_ahead(a, SLAB / 2), 0);  /* half held: half free for it */
+  ASSERT_UEQ(stats(a).mapped, SLAB);
+  ASSERT_EQ(spw__arena_grow_ahead(a, 4 * SLAB), 1); /* counts as the three quarters */
+  ASSERT_UEQ(stats(a).mapped, 2 * SLAB);
+  spw__arena_free(a, &x);
+  end_arena(a);
+}
+
 static void big_request_gets_its_own_slab(void) {
   spw_host_arena_t *a = new_arena(0, SLAB);
   spw_host_extent_t small, big;
@@ -590,6 +621,8 @@ static const spw_test_t tests[] = {
     TEST(empty_slab_is_unregistered_beyond_the_two_kept),
     TEST(kept_empty_slab_is_reused_without_registering),
     TEST(kept_empty_slab_gives_way_under_the_limit),
+    TEST(growing_ahead_maps_a_slab_once_less_than_half_is_free),
+    TEST(growing_ahead_counts_only_the_held_bytes),
     TEST(big_request_gets_its_own_slab),
     TEST(big_request_over_the_limit_is_refused),
     TEST(registration_failure_leaves_no_slab_mapped),

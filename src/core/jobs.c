@@ -191,8 +191,14 @@ static void background(void *ctx) {
   if (rt->trace) spw__trace_lane(rt->trace, SPW_LANE_DOWN);
   spw_budget_t *b = &rt->budget;
   /* Spilling has begun or is coming: pin the next host slab now, off the path of whoever
-   * will need it (mapping and pinning cost a third of a second per GiB). */
-  if (atomic_load(&b->used) > b->limit / 2) spw__arena_grow_ahead(rt->arena);
+   * will need it (mapping and pinning cost a third of a second per GiB, and the transfers
+   * running meanwhile lose about as much). Judged by the spilled data and the spills on
+   * their way, not by the bytes in use: clean copies of prefetched buffers and extents
+   * freed behind copies still landing come and go in a steady state of prefetches, and
+   * every slab pinned for them was a guess no spill needed (bench/oversubscribe on an H100:
+   * each sweep that pinned one ran at 1.22-1.37x the duplex floor, the others at about 1). */
+  if (atomic_load(&b->used) > b->limit / 2)
+    spw__arena_grow_ahead(rt->arena, atomic_load(&rt->c.host_bytes) + atomic_load(&b->spilling));
   /* Down to the low watermark once above the high one; and once above the low one when
    * prefetches want headroom (budget.c, reserve_for_hint), then among the buffers a
    * prefetch may push out only: never one that a prefetch brought back. */
