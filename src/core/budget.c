@@ -213,7 +213,9 @@ static int reserve_for_hint(spw_runtime_t *rt, uint64_t bytes, uint64_t own) {
        * the headroom made on the down lane, the next prefetch's copy in overlaps the copies
        * out, and a hint still costs about one move: one spill per buffer brought in. */
       if (used <= b->limit / 2 && used + bytes > b->limit / 2) spw__engine_kick(rt->engine);
-      if (used + bytes > b->low && !atomic_exchange(&b->hint_headroom, 1))
+      /* The load first: once the flag is up, a prefetch leaves its line unwritten. */
+      if (used + bytes > b->low && !atomic_load(&b->hint_headroom) &&
+          !atomic_exchange(&b->hint_headroom, 1))
         spw__engine_kick(rt->engine);
       return SPW_OK;
     }
