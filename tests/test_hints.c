@@ -322,8 +322,9 @@ static void prefetches_past_the_low_watermark_get_room_made_in_the_background(vo
  * buffers keep (or extents freed behind copies still landing): those come and go as
  * buffers move, and a slab pinned for them is a guess that costs the transfers running
  * meanwhile (docs/design.md, "Pinned host arena"). 34 MiB spilled into the host backend's
- * first 64 MiB slab; 3 prefetched back keep their copies there: 30 MiB free, less than half
- * a slab, but 31 MiB of data at most when the step looks. */
+ * first 64 MiB slab; 6 prefetched back, three at a time, keep their copies there: 30 MiB
+ * free, less than half a slab, but at most 31 MiB of data when the step looks (the first
+ * three are out of the spilled data by then). */
 static void host_memory_is_pinned_ahead_for_spilled_data_not_clean_copies(void) {
   TEST_SKIP_IF(test_backend() != SPW_BACKEND_HOST, "sized for the host backend's 64 MiB slabs");
   enum { N = 34, BACK = 6 };
