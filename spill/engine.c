@@ -28,7 +28,7 @@ struct spw_engine {
   lane_t lanes[2];
   int kicked, stop;
   uint64_t kicks, kick_taken, kick_done; /* numbered as submissions are */
-  uint64_t followups; /* jobs queued by the lanes' own threads (controller callbacks) */
+  uint64_t followups; /* jobs queued and kicks made by the lanes' own threads */
 };
 
 static int has_work(const spw_engine_t *e, const lane_t *l) {
@@ -142,7 +142,13 @@ void spw__engine_submit(spw_engine_t *e, spw_lane_t lane, spw_job_t *job) {
 
 void spw__engine_kick(spw_engine_t *e) {
   if (!e) return; /* before the engine starts or after it stopped: nothing would run it */
+  /* A kick from a lane's own thread is the running work's (a spill batch asking for the
+   * next host slab, a sweep step for the next step): a waiter waits for it as for a job
+   * such work queues, or it returns between two background runs and the second one moves
+   * data after spw_wait_idle (spw_stress in CI). */
+  int followup = on_lane_thread(e);
   pthread_mutex_lock(&e->mu);
+  e->followups += (uint64_t)followup;
   if (!e->kicked) {
     e->kicked = 1;
     e->kicks++;

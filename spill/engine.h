@@ -54,8 +54,8 @@ void spw__engine_submit(spw_engine_t *e, spw_lane_t lane, spw_job_t *job);
  * NULL-safe. */
 void spw__engine_kick(spw_engine_t *e);
 /* Blocks until every job queued and every kick made before the call has been run, and the
- * jobs that those runs queued from the lanes' own threads (work queued meanwhile by other
- * threads is not waited for). */
+ * jobs and kicks that those runs made from the lanes' own threads (work queued meanwhile by
+ * other threads is not waited for). */
 void spw__engine_wait_idle(spw_engine_t *e);
 
 #endif /* SPILLWAY_SPILL_ENGINE_H */
