@@ -26,13 +26,14 @@ struct spw_engine {
   pthread_mutex_t mu;     /* guards both lanes' queues and flags */
   pthread_cond_t idle_cv; /* waiters: both lanes empty and idle */
   lane_t lanes[2];
-  int kicked, stop;
+  int kicked, untidy, stop;
   uint64_t kicks, kick_taken, kick_done; /* numbered as submissions are */
   uint64_t followups; /* jobs queued and kicks made by the lanes' own threads */
 };
 
+/* Tidy steps count only while the engine runs: a stopping one leaves them. */
 static int has_work(const spw_engine_t *e, const lane_t *l) {
-  return l->head || (l->which == SPW_LANE_DOWN && e->kicked);
+  return l->head || (l->which == SPW_LANE_DOWN && (e->kicked || (e->untidy && !e->stop)));
 }
 
 static void *worker(void *arg) {
@@ -50,16 +51,21 @@ static void *worker(void *arg) {
       e->kicked = 0;
       e->kick_taken = e->kicks;
     }
+    /* One tidy step per round, after the round's work: a step at a time, never ahead of it. */
+    int tidy = l->which == SPW_LANE_DOWN && e->untidy;
+    if (tidy) e->untidy = 0;
     l->busy = 1;
     pthread_mutex_unlock(&e->mu);
 
     if (jobs) e->work.run(e->work.ctx, l->which, jobs);
     if (background) e->work.background(e->work.ctx);
+    int more = tidy && e->work.tidy && e->work.tidy(e->work.ctx);
 
     pthread_mutex_lock(&e->mu);
     l->busy = 0;
     l->done = l->taken;
     if (background) e->kick_done = e->kick_taken;
+    if (more) e->untidy = 1;
     pthread_cond_broadcast(&e->idle_cv);
   }
   pthread_mutex_unlock(&e->mu);
@@ -143,15 +149,25 @@ void spw__engine_submit(spw_engine_t *e, spw_lane_t lane, spw_job_t *job) {
 void spw__engine_kick(spw_engine_t *e) {
   if (!e) return; /* before the engine starts or after it stopped: nothing would run it */
   /* A kick from a lane's own thread is the running work's (a spill batch asking for the
-   * next host slab, a sweep step for the next step): a waiter waits for it as for a job
-   * such work queues, or it returns between two background runs and the second one moves
-   * data after spw_wait_idle (spw_stress in CI). */
+   * next host slab): a waiter waits for it as for a job such work queues, or it returns
+   * between two background runs and the second one moves data after spw_wait_idle
+   * (spw_stress in CI). */
   int followup = on_lane_thread(e);
   pthread_mutex_lock(&e->mu);
   e->followups += (uint64_t)followup;
   if (!e->kicked) {
     e->kicked = 1;
     e->kicks++;
+    pthread_cond_signal(&e->lanes[SPW_LANE_DOWN].cv);
+  }
+  pthread_mutex_unlock(&e->mu);
+}
+
+void spw__engine_tidy(spw_engine_t *e) {
+  if (!e) return;
+  pthread_mutex_lock(&e->mu);
+  if (!e->untidy) {
+    e->untidy = 1;
     pthread_cond_signal(&e->lanes[SPW_LANE_DOWN].cv);
   }
   pthread_mutex_unlock(&e->mu);

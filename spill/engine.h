@@ -8,7 +8,8 @@
  * with its jobs is the work functions its creator hands down (libuv's thread pool runs its
  * caller's work and done callbacks the same way). A lane takes its whole queue at once, so
  * requests queued together are run as one batch. The down lane also runs a background
- * function when kicked (spilling above the high watermark).
+ * function when kicked (spilling above the high watermark), and housekeeping when it has
+ * nothing else to do.
  *
  * Thread-safe. Work functions run on the lane threads with no engine lock held.
  */
@@ -34,6 +35,11 @@ typedef struct spw_engine_work {
   void (*run)(void *ctx, spw_lane_t lane, spw_job_t *jobs);
   /* Runs on the down lane's thread after a kick. */
   void (*background)(void *ctx);
+  /* Housekeeping that moves no data (giving the spill file's freed space back to the file
+   * system), a short step at a time: once asked for (spw__engine_tidy), one step runs on the
+   * down lane's thread after each round of its work, or alone, and again while it returns
+   * nonzero. Waiters never wait for it; a stopping engine leaves what is left. May be NULL. */
+  int (*tidy)(void *ctx);
   /* Frees jobs that no lane will run: queued by one lane's thread (a controller callback)
    * after the other lane had stopped. */
   void (*discard)(void *ctx, spw_job_t *jobs);
@@ -53,9 +59,12 @@ void spw__engine_submit(spw_engine_t *e, spw_lane_t lane, spw_job_t *job);
 /* Wakes the down lane for its background function. Cheap; callable from anywhere;
  * NULL-safe. */
 void spw__engine_kick(spw_engine_t *e);
+/* Asks the down lane for tidy steps (see spw_engine_work_t). Cheap; callable from anywhere;
+ * NULL-safe. */
+void spw__engine_tidy(spw_engine_t *e);
 /* Blocks until every job queued and every kick made before the call has been run, and the
  * jobs and kicks that those runs made from the lanes' own threads (work queued meanwhile by
- * other threads is not waited for). */
+ * other threads is not waited for, nor are tidy steps). */
 void spw__engine_wait_idle(spw_engine_t *e);
 
 #endif /* SPILLWAY_SPILL_ENGINE_H */

@@ -2,8 +2,9 @@
 /* Unit tests of the spill engine's lanes (spill/engine.c) on the host backend, with work
  * functions of the test's own: spw__engine_wait_idle waits for what was queued and kicked
  * before it, and for what that work queued or kicked from the lanes' own threads (a spill
- * batch asking for the next host slab, a disk sweep asking for its next step), which is
- * what spw_wait_idle promises; it does not wait for work another thread sends later.
+ * batch asking for the next host slab), which is what spw_wait_idle promises; it does not
+ * wait for work another thread sends later, nor for tidy steps (the disk sweep), which run
+ * until they say they are done, and which a stopping engine leaves.
  *
  * The follow-up runs sleep before they count themselves: a waiter that does not wait for
  * them wakes in that window and finds them uncounted, every time. */
@@ -26,6 +27,9 @@ typedef struct ctx {
   atomic_int runs;        /* job runs ended, both lanes */
   int kick_again;         /* background runs still to kick another (down lane's thread only) */
   atomic_int queue_again; /* runs still to queue a job on the other lane */
+  atomic_int tidies;      /* tidy steps ended */
+  atomic_int tidy_left;   /* tidy steps still to ask for more; -1: for ever */
+  int tidy_ms;            /* each tidy step's length */
 } ctx_t;
 
 static spw_backend_t *be;
@@ -52,6 +56,15 @@ static void background(void *arg) {
   atomic_fetch_add(&x->backgrounds, 1);
 }
 
+static int tidy(void *arg) {
+  ctx_t *x = arg;
+  if (x->tidy_ms) test_sleep_ms(x->tidy_ms);
+  atomic_fetch_add(&x->tidies, 1);
+  int left = atomic_load(&x->tidy_left);
+  if (left > 0) atomic_fetch_sub(&x->tidy_left, 1);
+  return left != 0;
+}
+
 static void discard(void *arg, spw_job_t *list) {
   (void)arg;
   (void)list;
@@ -61,7 +74,8 @@ static void open_fixture(void) {
   spw_backend_params_t p = {0};
   ASSERT_OK(ops->create(&p, &be));
   c = (ctx_t){0};
-  spw_engine_work_t w = {.run = run, .background = background, .discard = discard, .ctx = &c};
+  spw_engine_work_t w = {
+      .run = run, .background = background, .tidy = tidy, .discard = discard, .ctx = &c};
   ASSERT_OK(spw__engine_start(ops, be, &w, &c.e));
 }
 
@@ -123,10 +137,48 @@ static void wait_idle_is_not_held_by_kicks_another_thread_keeps_sending(void) {
   ASSERT_TRUE(waited < 20 * FOLLOWUP_SLEEP_MS);
 }
 
+static void tidy_steps_run_until_they_say_they_are_done(void) {
+  atomic_store(&c.tidy_left, 3);
+  spw__engine_tidy(c.e);
+  for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < 5000; test_sleep_ms(1))
+    if (atomic_load(&c.tidies) == 4) break;
+  test_sleep_ms(FOLLOWUP_SLEEP_MS); /* a fifth step would come now */
+  int ran = atomic_load(&c.tidies);
+  ASSERT_EQ(ran, 4);
+}
+
+/* Issue 17's bound again: a waiter is not held by housekeeping that never ends. It may wait
+ * for the one step running in the round of the kick it waits for. */
+static void wait_idle_does_not_wait_for_tidy_steps(void) {
+  c.tidy_ms = 20;
+  atomic_store(&c.tidy_left, -1);
+  spw__engine_tidy(c.e);
+  test_sleep_ms(50);
+  spw__engine_kick(c.e);
+  uint64_t t0 = test_now_ms();
+  spw__engine_wait_idle(c.e);
+  uint64_t waited = test_now_ms() - t0;
+  ASSERT_TRUE(waited < 500);
+  int ran = atomic_load(&c.backgrounds);
+  ASSERT_EQ(ran, 1);
+}
+
+/* The fixture's stop comes next, with steps still asked for: it must return. */
+static void a_stopping_engine_leaves_the_tidy_steps(void) {
+  atomic_store(&c.tidy_left, -1);
+  spw__engine_tidy(c.e);
+  for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < 5000; test_sleep_ms(1))
+    if (atomic_load(&c.tidies) > 0) break;
+  ASSERT_TRUE(atomic_load(&c.tidies) > 0);
+}
+
 static const spw_test_t tests[] = {
     TEST(wait_idle_waits_for_a_kick),
     TEST(wait_idle_waits_for_the_kicks_the_background_made_itself),
     TEST(wait_idle_waits_for_the_jobs_the_lanes_queued_themselves),
     TEST(wait_idle_is_not_held_by_kicks_another_thread_keeps_sending),
+    TEST(tidy_steps_run_until_they_say_they_are_done),
+    TEST(wait_idle_does_not_wait_for_tidy_steps),
+    TEST(a_stopping_engine_leaves_the_tidy_steps),
 };
 TEST_MAIN_FIXTURE(tests, open_fixture, close_fixture)

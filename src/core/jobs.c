@@ -8,10 +8,10 @@
  *
  * Each lane takes its whole queue at once: the down lane claims the spills of every queued
  * buffer into one batch per tier (demotions go one by one), then spills in the background
- * if usage is above the high watermark and sweeps freed disk space a little at a time; the
- * up lane brings the host buffers of every queued prefetch back as one batch, then the
- * buffers on disk as another, into room that does not push out earlier prefetches (see
- * spw__device_get_hint in budget.h). */
+ * if usage is above the high watermark, and as housekeeping sweeps freed disk space a little
+ * at a time; the up lane brings the host buffers of every queued prefetch back as one
+ * batch, then the buffers on disk as another, into room that does not push out earlier
+ * prefetches (see spw__device_get_hint in budget.h). */
 #include "jobs.h"
 
 #include <stdlib.h>
@@ -214,12 +214,17 @@ static void background(void *ctx) {
       break;
     }
   }
-  /* Freed disk space goes back to the file system here, a step at a time, and never on the
-   * path that brings buffers back (issue 17: a whole sweep there stalled every read). */
+}
+
+/* Freed disk space goes back to the file system here, a step at a time, and never on the
+ * path that brings buffers back (issue 17: a whole sweep there stalled every read). It moves
+ * no data, so spw_wait_idle does not wait for it (engine.h). */
+static int tidy(void *ctx) {
+  spw_runtime_t *rt = ctx;
   pthread_mutex_lock(&rt->disk_mu);
   spw_disk_t *disk = rt->disk; /* not opened for this: nothing to sweep if it is not open */
   pthread_mutex_unlock(&rt->disk_mu);
-  if (disk && spw__disk_sweep(disk, SWEEP_PUNCHES_PER_STEP)) spw__engine_kick(rt->engine);
+  return disk && spw__disk_sweep(disk, SWEEP_PUNCHES_PER_STEP);
 }
 
 static void run(void *ctx, spw_lane_t lane, spw_job_t *jobs) {
@@ -240,7 +245,8 @@ static void discard(void *ctx, spw_job_t *jobs) {
 }
 
 spw_engine_work_t spw__jobs_work(spw_runtime_t *rt) {
-  return (spw_engine_work_t){.run = run, .background = background, .discard = discard, .ctx = rt};
+  return (spw_engine_work_t){
+      .run = run, .background = background, .tidy = tidy, .discard = discard, .ctx = rt};
 }
 
 int spw__jobs_spill(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_tier_t tier) {
