@@ -126,10 +126,12 @@ spw_stream_t spw__engine_stream(const spw_engine_t *e, spw_lane_t lane) {
   return e->lanes[lane].stream;
 }
 
+int spw__engine_on_lane(const spw_engine_t *e, spw_lane_t lane) {
+  return e && e->lanes[lane].started && pthread_equal(pthread_self(), e->lanes[lane].thread);
+}
+
 static int on_lane_thread(const spw_engine_t *e) {
-  for (int i = 0; i < 2; i++)
-    if (e->lanes[i].started && pthread_equal(pthread_self(), e->lanes[i].thread)) return 1;
-  return 0;
+  return spw__engine_on_lane(e, SPW_LANE_DOWN) || spw__engine_on_lane(e, SPW_LANE_UP);
 }
 
 void spw__engine_submit(spw_engine_t *e, spw_lane_t lane, spw_job_t *job) {
@@ -148,10 +150,10 @@ void spw__engine_submit(spw_engine_t *e, spw_lane_t lane, spw_job_t *job) {
 
 void spw__engine_kick(spw_engine_t *e) {
   if (!e) return; /* before the engine starts or after it stopped: nothing would run it */
-  /* A kick from a lane's own thread is the running work's (a spill batch asking for the
-   * next host slab): a waiter waits for it as for a job such work queues, or it returns
-   * between two background runs and the second one moves data after spw_wait_idle
-   * (spw_stress in CI). */
+  /* A kick from a lane's own thread is the running work's (a prefetch on the up lane asking
+   * for headroom, or a spill on demand there for the next host slab): a waiter waits for it
+   * as for a job such work queues, or it returns before the pass that work asked for, and
+   * the pass moves data after spw_wait_idle (spw_stress in CI). */
   int followup = on_lane_thread(e);
   pthread_mutex_lock(&e->mu);
   e->followups += (uint64_t)followup;

@@ -57,8 +57,12 @@ spw_stream_t spw__engine_stream(const spw_engine_t *e, spw_lane_t lane);
 /* Queues `job` on `lane`; the lane's work function frees it. Never fails. */
 void spw__engine_submit(spw_engine_t *e, spw_lane_t lane, spw_job_t *job);
 /* Wakes the down lane for its background function. Cheap; callable from anywhere;
- * NULL-safe. */
+ * NULL-safe. A kick from a lane's own thread is the running work's own: waiters wait for it
+ * (spw__engine_wait_idle), so the background function must not kick itself, or a waiter
+ * follows the chain for as long as it goes on. */
 void spw__engine_kick(spw_engine_t *e);
+/* Whether the calling thread is `lane`'s worker. */
+int spw__engine_on_lane(const spw_engine_t *e, spw_lane_t lane);
 /* Asks the down lane for tidy steps (see spw_engine_work_t). Cheap; callable from anywhere;
  * NULL-safe. */
 void spw__engine_tidy(spw_engine_t *e);

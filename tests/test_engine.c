@@ -158,7 +158,7 @@ static void wait_idle_does_not_wait_for_tidy_steps(void) {
   uint64_t t0 = test_now_ms();
   spw__engine_wait_idle(c.e);
   uint64_t waited = test_now_ms() - t0;
-  ASSERT_TRUE(waited < 500);
+  ASSERT_TRUE(waited < 2000); /* a round is about 20 ms: generous for a loaded machine */
   int ran = atomic_load(&c.backgrounds);
   ASSERT_EQ(ran, 1);
 }

@@ -186,34 +186,45 @@ static void run_prefetches(spw_runtime_t *rt, const taken_t *t, size_t n) {
   free(all);
 }
 
+/* Spilling has begun or is coming: pin the next host slab now, off the path of whoever will
+ * need it (mapping and pinning cost a third of a second per GiB, and the transfers running
+ * meanwhile lose about as much). Judged by the spilled data and the spills on their way, not
+ * by the bytes in use: clean copies of prefetched buffers and extents freed behind copies
+ * still landing come and go in a steady state of prefetches, and every slab pinned for them
+ * was a guess no spill needed (bench/oversubscribe on an H100: each sweep that pinned one ran
+ * at 1.22-1.37x the duplex floor, the others at about 1). */
+static void pin_ahead(spw_runtime_t *rt) {
+  spw_budget_t *b = &rt->budget;
+  if (atomic_load(&b->used) > b->limit / 2)
+    spw__arena_grow_ahead(rt->arena, atomic_load(&rt->c.host_bytes) + atomic_load(&b->spilling));
+}
+
 static void background(void *ctx) {
   spw_runtime_t *rt = ctx;
   if (rt->trace) spw__trace_lane(rt->trace, SPW_LANE_DOWN);
   spw_budget_t *b = &rt->budget;
-  /* Spilling has begun or is coming: pin the next host slab now, off the path of whoever
-   * will need it (mapping and pinning cost a third of a second per GiB, and the transfers
-   * running meanwhile lose about as much). Judged by the spilled data and the spills on
-   * their way, not by the bytes in use: clean copies of prefetched buffers and extents
-   * freed behind copies still landing come and go in a steady state of prefetches, and
-   * every slab pinned for them was a guess no spill needed (bench/oversubscribe on an H100:
-   * each sweep that pinned one ran at 1.22-1.37x the duplex floor, the others at about 1). */
-  if (atomic_load(&b->used) > b->limit / 2)
-    spw__arena_grow_ahead(rt->arena, atomic_load(&rt->c.host_bytes) + atomic_load(&b->spilling));
+  pin_ahead(rt);
   /* Down to the low watermark once above the high one; and once above the low one when
    * prefetches want headroom (budget.c, reserve_for_hint), then among the buffers a
    * prefetch may push out only: never one that a prefetch brought back. */
   const int for_hints = atomic_exchange(&b->hint_headroom, 0);
+  int spilled = 0;
   for (;;) {
     uint64_t used = atomic_load(&b->used), out = atomic_load(&b->spilling);
     uint64_t on = used > out ? used - out : 0;
+    uint64_t gone = 0;
     if (on > b->high) {
-      if (spw__spill_lru(rt, on - b->low, SPW_SPILL_BACKGROUND, NULL) == 0) break;
+      gone = spw__spill_lru(rt, on - b->low, SPW_SPILL_BACKGROUND, NULL);
     } else if (for_hints && on > b->low) {
-      if (spw__spill_for_hint(rt, on - b->low, SPW_SPILL_BACKGROUND) == 0) break;
-    } else {
-      break;
+      gone = spw__spill_for_hint(rt, on - b->low, SPW_SPILL_BACKGROUND);
     }
+    if (gone == 0) break;
+    spilled = 1;
   }
+  /* A spill batch kicks the down lane to pin ahead for the host memory it took
+   * (spill_move.c), but not on this thread: here the pass does it. A pass that kicked the
+   * next one would hold spw_wait_idle for as long as other threads keep usage high. */
+  if (spilled) pin_ahead(rt);
 }
 
 /* Freed disk space goes back to the file system here, a step at a time, and never on the

@@ -219,8 +219,9 @@ uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spil
   free(r.descs);
   free(r.scratch);
 
-  /* The down lane pins the next host slab if this batch left the arena short. */
-  if (r.copied) spw__engine_kick(rt->engine);
+  /* The down lane pins the next host slab if this batch left the arena short: kicked from
+   * any other thread; on its own, its pass does so when it ends (jobs.c). */
+  if (r.copied && !spw__engine_on_lane(rt->engine, SPW_LANE_DOWN)) spw__engine_kick(rt->engine);
   uint64_t dt = spw__now_ns() - t0;
   atomic_fetch_add(&rt->c.spills, r.moved);
   atomic_fetch_add(&rt->c.spill_bytes, r.copied);
