@@ -507,12 +507,13 @@ SPW_API int spw_spill_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, spw_
 SPW_API int spw_prefetch_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
                            spw_stream_t stream);
 
-/* Blocks until every spill, demotion and prefetch queued before the call has been carried
- * out, with what that work queued itself (a controller callback on an engine thread
- * ordering a spill, the background pass a prefetch asked for), and the background spilling
+/* Runs every pending stream completion (locks given to spw_stream_release_async whose work
+ * has completed go), then blocks until every spill, demotion and prefetch queued before the
+ * call has been carried out, with what that work queued itself (a controller callback on an
+ * engine thread ordering a spill, the next background step), and the background spilling
  * asked for before the call; what other threads queue meanwhile is not waited for, so
- * threads that keep sending hints cannot hold it back. Then every pending stream completion
- * runs. Returns the first asynchronous error since the last call (and clears it), else
+ * threads that keep sending hints cannot hold it back. Then the completions pending by then
+ * run. Returns the first asynchronous error since the last call (and clears it), else
  * SPW_OK. SPW_ERR_WOULD_DEADLOCK from inside a controller callback. Thread-safe. */
 SPW_API int spw_wait_idle(spw_runtime_t *rt);
 
