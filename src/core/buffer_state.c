@@ -154,7 +154,7 @@ uint64_t spw__place_release(spw_runtime_t *rt, spw_place_t *p, size_t size, spw_
     if (after) spw__host_extent_free_after_event(rt, &p->host, after);
     else spw__host_extent_free(rt, &p->host);
   }
-  /* A sweep of freed disk space is the down lane's background work, off this path. */
+  /* A sweep of freed disk space is the down lane's housekeeping (tidy steps), off this path. */
   if (p->disk.bytes && spw__disk_free(rt->disk, &p->disk)) spw__engine_tidy(rt->engine);
   *p = (spw_place_t){0};
   return device;
