@@ -292,6 +292,27 @@ static void an_allocation_may_push_out_prefetched_buffers(void) {
   fixture_close(&f);
 }
 
+/* Room made ahead in the background is a guess, and never undoes a prefetch: with only
+ * prefetched buffers to take, a background pass above the high watermark leaves them (an
+ * allocation that needs their room still takes it, above). */
+static void the_background_never_spills_an_unconsumed_prefetch(void) {
+  fixture_t f = fixture_on_host();
+  ASSERT_OK(spw_prefetch_n(f.rt, f.b, 7, f.s));
+  ASSERT_OK(spw_wait_idle(f.rt));
+  ASSERT_EQ(count_in(f.rt, f.b, 7, SPW_STATE_RESIDENT), 7);
+  const spw_stats_t before = stats_of(f.rt);
+  spw_buf_t x; /* 8 MiB in use, past the high watermark (7.6): the background pass runs */
+  void *d;
+  ASSERT_OK(spw_alloc(f.rt, MIB, f.s, &x));
+  ASSERT_OK(spw_acquire(f.rt, x, f.s, 0, &d)); /* locked: no victim either */
+  ASSERT_OK(spw_wait_idle(f.rt));
+  ASSERT_EQ(count_in(f.rt, f.b, 7, SPW_STATE_RESIDENT), 7);
+  ASSERT_UEQ(stats_of(f.rt).spills, before.spills);
+  ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
+  ASSERT_OK(spw_free(f.rt, x));
+  fixture_close(&f);
+}
+
 /* Past the low watermark, prefetches have the download lane make room ahead of them, so that
  * the next prefetch's copy in need not wait for its own room's copy out; it takes buffers
  * that no prefetch brought back, and only down to the low watermark. */
@@ -438,6 +459,7 @@ static const spw_test_t tests[] = {
     TEST(a_hint_after_its_lane_passed_the_buffer_is_carried_out),
     TEST(a_prefetch_never_pushes_out_an_unconsumed_prefetch),
     TEST(an_allocation_may_push_out_prefetched_buffers),
+    TEST(the_background_never_spills_an_unconsumed_prefetch),
     TEST(prefetches_past_the_low_watermark_get_room_made_in_the_background),
     TEST(host_memory_is_pinned_ahead_for_spilled_data_not_clean_copies),
     TEST(wait_idle_returns_while_other_threads_keep_sending_hints),

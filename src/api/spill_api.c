@@ -87,10 +87,9 @@ int spw_prefetch_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, spw_strea
 int spw_wait_idle(spw_runtime_t *rt) {
   if (!rt) return SPW_ERR_INVALID_ARG;
   if (spw__in_callback(rt)) return SPW_ERR_WOULD_DEADLOCK;
-  /* Completions first as well as last: memory freed behind a stream counts as in use until
-   * its completion runs, and a background pass that the awaited work asked for would spill
-   * for it (test_hints' a_hint_after_its_lane_passed_the_buffer_is_carried_out failed under
-   * ASan in a fresh-clone .ci/run without this: the prefetched buffer went back to host). */
+  /* Completions first as well as last: what they release (locks whose work has completed,
+   * memory freed behind a stream) is then released before the last background pass the
+   * call waits for, not found by a later pass after the call has returned. */
   spw__completions_drain(rt->completions);
   spw__engine_wait_idle(rt->engine);
   spw__completions_drain(rt->completions);

@@ -81,7 +81,9 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int
 
 /* ---- victims.c ---- */
 /* Spills least-recently-used unlocked buffers (the controller's choices first) until
- * `bytes` have left the device, on this thread, waiting for the copies. Returns the bytes
+ * `bytes` have left the device, on this thread, waiting for the copies; with `reason`
+ * SPW_SPILL_BACKGROUND, none that a prefetch brought back since its last acquire unless the
+ * controller names it (the room is made ahead, a guess: victims.c). Returns the bytes
  * that left; when 0, *why (may be NULL) is the status of the last failed spill, or SPW_OK
  * if there was nothing to spill. */
 uint64_t spw__spill_lru(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason, int *why);

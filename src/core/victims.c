@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The victim policy: least recently used first, after the controller's own choices, and
  * buffers that a prefetch brought back and nobody has acquired yet last of all: they are
- * what the program said it will use next. Room for a prefetch never comes from them (see
- * SPW_VICTIMS_FOR_HINT), so one prefetch cannot push out what another brought in.
+ * what the program said it will use next. Room for a prefetch never comes from them, so one
+ * prefetch cannot push out what another brought in; nor does room made ahead in the
+ * background, which is a guess and must not undo a prefetch for it: only a reservation that
+ * needs the room now takes them (spills on demand).
  *
  * Candidates come from one scan of the slots without locks (a snapshot: a candidate may
  * be locked, moved or freed by the time it is claimed, and the claim, a trylock plus a CAS
@@ -81,7 +83,8 @@ static size_t claim_named(spw_runtime_t *rt, uint64_t bytes, spw_victim_t *v, ui
 
 /* The victims of spw__spill_lru or spw__spill_clean: the controller's first unless
  * `clean_only`, then the least recently used. For a hint, neither the controller's choices
- * (they may be prefetched buffers) nor prefetched buffers. */
+ * (they may be prefetched buffers) nor prefetched buffers; in the background, no prefetched
+ * buffers but those the controller names. */
 static uint64_t spill_some(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t reason,
                            int clean_only, int for_hint, int *why) {
   if (why) *why = SPW_OK;
@@ -91,8 +94,13 @@ static uint64_t spill_some(spw_runtime_t *rt, uint64_t bytes, spw_spill_reason_t
   uint64_t claimed = 0;
   size_t nv = clean_only || for_hint ? 0 : claim_named(rt, bytes, v, &claimed);
   if (claimed < bytes) {
+    /* The background pass judged its need a moment ago and scans now: a prefetch that landed
+     * between the two (with the memory that made the need freed meanwhile) was once its only
+     * victim, and went back to host as soon as it arrived. */
+    const int skip_prefetched = for_hint || reason == SPW_SPILL_BACKGROUND;
     size_t nc = 0;
-    candidate_t *c = scan(rt, SPW_STATE_RESIDENT, clean_only ? SPW_W_CLEAN : 0, for_hint, &nc);
+    candidate_t *c =
+        scan(rt, SPW_STATE_RESIDENT, clean_only ? SPW_W_CLEAN : 0, skip_prefetched, &nc);
     for (size_t i = 0; c && i < nc && claimed < bytes; i++) {
       spw_slot_t *s = spw__handles_slot_at(&rt->handles, c[i].index);
       spw_buf_t h = spw__handle_make(&rt->handles, c[i].gen, c[i].index);
