@@ -252,13 +252,19 @@ static void a_hint_after_its_lane_passed_the_buffer_is_carried_out(void) {
   lane_passes_b1_then(push_b1_out_and_prefetch_it);
 }
 
+/* Prefetches b[0..k) and waits: all of them come back (k at most 7 fits below the high
+ * watermark). */
+static void prefetch_first(fixture_t *f, int k) {
+  ASSERT_OK(spw_prefetch_n(f->rt, f->b, (size_t)k, f->s));
+  ASSERT_OK(spw_wait_idle(f->rt));
+  ASSERT_EQ(count_in(f->rt, f->b, k, SPW_STATE_RESIDENT), k);
+}
+
 /* A prefetch makes room only from buffers nobody said they would use next: what an earlier
  * prefetch brought in stays until it is acquired; once acquired, it is an ordinary victim. */
 static void a_prefetch_never_pushes_out_an_unconsumed_prefetch(void) {
   fixture_t f = fixture_on_host();
-  ASSERT_OK(spw_prefetch_n(f.rt, f.b, 6, f.s));
-  ASSERT_OK(spw_wait_idle(f.rt));
-  ASSERT_EQ(count_in(f.rt, f.b, 6, SPW_STATE_RESIDENT), 6);
+  prefetch_first(&f, 6);
   const spw_stats_t before = stats_of(f.rt);
   ASSERT_OK(spw_prefetch_n(f.rt, f.b + 6, 6, f.s));
   ASSERT_OK(spw_wait_idle(f.rt));
@@ -282,9 +288,7 @@ static void a_prefetch_never_pushes_out_an_unconsumed_prefetch(void) {
  * room gets it. */
 static void an_allocation_may_push_out_prefetched_buffers(void) {
   fixture_t f = fixture_on_host();
-  ASSERT_OK(spw_prefetch_n(f.rt, f.b, 7, f.s));
-  ASSERT_OK(spw_wait_idle(f.rt));
-  ASSERT_EQ(count_in(f.rt, f.b, 7, SPW_STATE_RESIDENT), 7);
+  prefetch_first(&f, 7);
   spw_buf_t big;
   ASSERT_OK(spw_alloc(f.rt, 4 * MIB, f.s, &big));
   ASSERT_LE(count_in(f.rt, f.b, 7, SPW_STATE_RESIDENT), 4);
@@ -297,9 +301,7 @@ static void an_allocation_may_push_out_prefetched_buffers(void) {
  * allocation that needs their room still takes it, above). */
 static void the_background_never_spills_an_unconsumed_prefetch(void) {
   fixture_t f = fixture_on_host();
-  ASSERT_OK(spw_prefetch_n(f.rt, f.b, 7, f.s));
-  ASSERT_OK(spw_wait_idle(f.rt));
-  ASSERT_EQ(count_in(f.rt, f.b, 7, SPW_STATE_RESIDENT), 7);
+  prefetch_first(&f, 7);
   const spw_stats_t before = stats_of(f.rt);
   spw_buf_t x; /* 8 MiB in use, past the high watermark (7.6): the background pass runs */
   void *d;
