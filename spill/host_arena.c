@@ -17,7 +17,9 @@
  * and over does not pay a 256 MiB mmap + populate + register each time; a second slab
  * that empties is given back, and the kept one is given back when a new slab needs its
  * room under the limit. Allocation prefers slabs in use, so the kept one stays empty when
- * it can.
+ * it can. A reservation (spw__arena_reserve, spw_host_reserve) keeps more: empty slabs go
+ * back only while its floor stays mapped, so that a program that pinned its working set
+ * before its first spill does not pin it again, slab by slab, in the middle of a sweep.
  *
  * Locking: one mutex guards everything. mmap, populate and registration of a new slab run
  * under it (header contract: only host_register / host_unregister of a slab being added or
@@ -64,6 +66,7 @@ struct spw_host_arena {
   uint32_t nslots;
   uint64_t in_use, mapped, nslabs;
   uint64_t growing; /* bytes of a slab being mapped ahead, outside the mutex */
+  uint64_t floor;   /* empty slabs are given back only while more than this stays mapped */
   int borrowed;     /* one borrowed slab, no growth (spw__arena_create_borrowed) */
 };
 
@@ -187,6 +190,10 @@ static size_t take(spw_host_arena_t *a, slab_t *s, size_t r, size_t need) {
  * mmap + populate + register (about 0.3 s per 256 MiB on a small VM). */
 #define KEEP_EMPTY 2
 
+/* Whether an empty slab goes back: a dedicated one always (sized for one request), an
+ * ordinary one past the KEEP_EMPTY kept, and then only while the floor stays mapped. */
+static int give_back(const spw_host_arena_t *a, uint32_t slot);
+
 /* Empty ordinary slabs other than slot `except`. */
 static unsigned count_spares(const spw_host_arena_t *a, long except) {
   unsigned n = 0;
@@ -203,6 +210,12 @@ static long find_spare(const spw_host_arena_t *a, long except) {
         !a->slots[i]->dedicated)
       return (long)i;
   return -1;
+}
+
+static int give_back(const spw_host_arena_t *a, uint32_t slot) {
+  const slab_t *s = a->slots[slot];
+  if (s->dedicated) return 1;
+  return count_spares(a, (long)slot) >= KEEP_EMPTY && a->mapped - s->bytes >= a->floor;
 }
 
 /* A free slot index (growing the slot array if needed), or -1. Called with the mutex held. */
@@ -299,6 +312,29 @@ static int add_slab(spw_host_arena_t *a, size_t need, uint32_t *slot) {
   return SPW_OK;
 }
 
+/* Maps an ordinary slab of `size` bytes outside the mutex, announced in `growing` so that
+ * allocations that find no room wait for it rather than map another. Called and returns
+ * with the mutex held, nothing growing. */
+static int grow_outside(spw_host_arena_t *a, size_t size) {
+  a->growing = size;
+  pthread_mutex_unlock(&a->mu);
+  slab_t *s = NULL;
+  int st = map_slab(a, size, 0, &s);
+  pthread_mutex_lock(&a->mu);
+  long i = st == SPW_OK ? free_slot(a) : -1;
+  if (i >= 0) insert_slab(a, s, (uint32_t)i);
+  a->growing = 0;
+  pthread_cond_broadcast(&a->grown);
+  if (st == SPW_OK && i < 0) {
+    (void)a->ops->host_unregister(a->b, s->base); /* a slab being removed: allowed here */
+    munmap(s->base, s->bytes);
+    free(s->free);
+    free(s);
+    st = SPW_ERR_SYSTEM;
+  }
+  return st;
+}
+
 int spw__arena_grow_ahead(spw_host_arena_t *a, uint64_t held) {
   if (a->borrowed) return 0;
   pthread_mutex_lock(&a->mu);
@@ -307,24 +343,35 @@ int spw__arena_grow_ahead(spw_host_arena_t *a, uint64_t held) {
   if (a->limit && room_left(a) < size) size = (size_t)(room_left(a) / a->page * a->page);
   int wanted = !a->growing && free_bytes < a->slab_bytes / 2 && find_spare(a, -1) < 0 &&
                size >= a->slab_bytes / 4;
-  if (wanted) a->growing = size;
+  int added = wanted && grow_outside(a, size) == SPW_OK;
   pthread_mutex_unlock(&a->mu);
-  if (!wanted) return 0;
-  slab_t *s = NULL;
-  int st = map_slab(a, size, 0, &s);
+  return added;
+}
+
+int spw__arena_reserve(spw_host_arena_t *a, uint64_t bytes) {
+  if (!a) return SPW_ERR_INVALID_ARG;
+  if (a->borrowed) return bytes <= a->mapped ? SPW_OK : SPW_ERR_HOST_OUT_OF_MEMORY;
   pthread_mutex_lock(&a->mu);
-  long i = st == SPW_OK ? free_slot(a) : -1;
-  if (i >= 0) insert_slab(a, s, (uint32_t)i);
-  a->growing = 0;
-  pthread_cond_broadcast(&a->grown);
-  pthread_mutex_unlock(&a->mu);
-  if (st == SPW_OK && i < 0) {
-    (void)a->ops->host_unregister(a->b, s->base);
-    munmap(s->base, s->bytes);
-    free(s->free);
-    free(s);
+  if (a->limit && bytes > a->limit) {
+    pthread_mutex_unlock(&a->mu);
+    return SPW_ERR_HOST_OUT_OF_MEMORY;
   }
-  return i >= 0;
+  a->floor = bytes;
+  int st = SPW_OK;
+  while (st == SPW_OK && a->mapped < bytes) {
+    if (a->growing) { /* mapped ahead meanwhile: counts once it lands */
+      pthread_cond_wait(&a->grown, &a->mu);
+      continue;
+    }
+    size_t size = a->slab_bytes;
+    if (a->limit && room_left(a) < size) size = (size_t)(room_left(a) / a->page * a->page);
+    if (size == 0) break; /* less than a page short, under a limit that is no page multiple */
+    st = grow_outside(a, size);
+  }
+  /* What could be mapped stays, and so much is kept. */
+  if (st != SPW_OK && a->floor > a->mapped) a->floor = a->mapped;
+  pthread_mutex_unlock(&a->mu);
+  return st;
 }
 
 /* One allocation, the mutex held (it may be dropped while a slab mapped ahead lands). */
@@ -355,9 +402,7 @@ static int alloc_locked(spw_host_arena_t *a, size_t bytes, spw_host_extent_t *ou
   if (st == SPW_OK) st = reserve_ranges(a->slots[slot]);
   if (st != SPW_OK) {
     /* A slab just added for this request is empty again: apply the empty-slab policy. */
-    if (r >= 0 && a->slots[slot]->extents == 0 &&
-        (a->slots[slot]->dedicated || count_spares(a, (long)slot) >= KEEP_EMPTY))
-      release_slab(a, slot);
+    if (r >= 0 && a->slots[slot]->extents == 0 && give_back(a, slot)) release_slab(a, slot);
     return st;
   }
   slab_t *s = a->slots[slot];
@@ -438,8 +483,7 @@ void spw__arena_free(spw_host_arena_t *a, spw_host_extent_t *e) {
   s->extents--;
   a->in_use -= len;
 
-  if (s->extents == 0 && (s->dedicated || count_spares(a, (long)e->slab) >= KEEP_EMPTY))
-    release_slab(a, e->slab);
+  if (s->extents == 0 && give_back(a, e->slab)) release_slab(a, e->slab);
   e->ptr = NULL;
   e->bytes = 0;
 out:

@@ -5,7 +5,8 @@
  * then pinned through the backend's host_register (registering touched memory runs at about
  * 26 GB/s on an H200, cudaMallocHost at 1.5 GB/s). Anonymous mmap rather than cudaHostAlloc
  * so that the disk tier can use the same memory for O_DIRECT I/O. Slabs are grown on demand
- * up to the host byte limit; emptied slabs are unmapped, except the two kept for reuse.
+ * up to the host byte limit; emptied slabs are unmapped, except the two kept for reuse and
+ * those a reservation keeps (spw__arena_reserve).
  *
  * Invariants: every extent is 4096-byte aligned and its length rounded up to 4096 (so it can
  * be written to an O_DIRECT file as is); extents never cross slabs; in_use <= mapped <= limit
@@ -77,5 +78,14 @@ void spw__arena_get_stats(spw_host_arena_t *a, spw_arena_stats_t *out);
  * meanwhile, and one that finds no room waits for this slab rather than map another.
  * Returns 1 if it added a slab. For a background thread: it blocks while it maps. */
 int spw__arena_grow_ahead(spw_host_arena_t *a, uint64_t held);
+/* Maps and pins ordinary slabs until at least `bytes` are mapped, and from then on keeps
+ * them: an empty slab past the kept ones goes back only while `bytes` stay mapped (a
+ * dedicated slab, sized for one request, still goes back at once). A later call replaces
+ * the floor; 0 drops it, and slabs above it then go back as they empty. Blocks while it
+ * maps, outside the mutex (allocations go on meanwhile, as for growing ahead). Errors:
+ * SPW_ERR_HOST_OUT_OF_MEMORY (bytes above the limit: nothing changes; on a borrowed arena,
+ * above its size), SPW_ERR_SYSTEM (mmap failed), the backend's (registration refused): then
+ * the slabs mapped before the failure stay, and the floor is what is mapped. */
+int spw__arena_reserve(spw_host_arena_t *a, uint64_t bytes);
 
 #endif /* SPILLWAY_SPILL_HOST_ARENA_H */

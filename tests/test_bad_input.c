@@ -144,6 +144,7 @@ static void null_runtime_is_invalid_arg(void) {
   ASSERT_STATUS(spw_runtime_backend(NULL, &kind), SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw_runtime_limits(NULL, &lim, &lim, &lim), SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw_async_error(NULL), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(spw_host_reserve(NULL, 1 << 20), SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw_stream_create(NULL, &out_s), SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw_stream_destroy(NULL, s), SPW_ERR_INVALID_ARG);
   ASSERT_STATUS(spw_stream_register(NULL, s), SPW_ERR_INVALID_ARG);

@@ -365,6 +365,63 @@ static void growing_ahead_counts_only_the_held_bytes(void) {
   end_arena(a);
 }
 
+/* A reservation pins its slabs at once, before any allocation. */
+static void a_reservation_maps_its_slabs_at_once(void) {
+  spw_host_arena_t *a = new_arena(0, SLAB);
+  ASSERT_OK(spw__arena_reserve(a, 3 * SLAB - SLAB / 2)); /* rounded up to whole slabs */
+  spw_arena_stats_t s = stats(a);
+  ASSERT_UEQ(s.mapped, 3 * SLAB);
+  ASSERT_UEQ(s.slabs, 3);
+  ASSERT_UEQ(s.in_use, 0);
+  ASSERT_UEQ(registers(), 3);
+  ASSERT_OK(spw__arena_reserve(a, 2 * SLAB)); /* already there: nothing more */
+  ASSERT_UEQ(registers(), 3);
+  end_arena(a);
+}
+
+/* Reserved slabs stay pinned as they empty, past the two kept without a reservation; once
+ * the reservation is dropped they go back as they empty again. */
+static void reserved_slabs_stay_mapped_when_they_empty(void) {
+  spw_host_arena_t *a = new_arena(0, SLAB);
+  ASSERT_OK(spw__arena_reserve(a, 4 * SLAB));
+  spw_host_extent_t e[4];
+  for (int i = 0; i < 4; i++) ASSERT_OK(spw__arena_alloc(a, SLAB, &e[i]));
+  ASSERT_UEQ(registers(), 4); /* the reserved slabs took them */
+  for (int i = 0; i < 4; i++) spw__arena_free(a, &e[i]);
+  ASSERT_UEQ(unregisters(), 0);
+  ASSERT_UEQ(stats(a).mapped, 4 * SLAB);
+  ASSERT_OK(spw__arena_reserve(a, 0));
+  for (int i = 0; i < 4; i++) ASSERT_OK(spw__arena_alloc(a, SLAB, &e[i]));
+  for (int i = 0; i < 4; i++) spw__arena_free(a, &e[i]);
+  ASSERT_UEQ(unregisters(), 2); /* two kept, as without a reservation */
+  ASSERT_UEQ(stats(a).mapped, 2 * SLAB);
+  end_arena(a);
+}
+
+static void a_reservation_above_the_limit_is_refused_and_changes_nothing(void) {
+  spw_host_arena_t *a = new_arena(2 * SLAB, SLAB);
+  ASSERT_STATUS(spw__arena_reserve(a, 2 * SLAB + 1), SPW_ERR_HOST_OUT_OF_MEMORY);
+  ASSERT_UEQ(stats(a).mapped, 0);
+  ASSERT_UEQ(rec.attempts, 0);
+  ASSERT_OK(spw__arena_reserve(a, 2 * SLAB)); /* the whole limit is fine */
+  ASSERT_UEQ(stats(a).mapped, 2 * SLAB);
+  end_arena(a);
+}
+
+/* A registration refused half way: the slabs pinned before it stay, and the error is the
+ * backend's. */
+static void a_failed_reservation_keeps_what_it_pinned(void) {
+  spw_host_arena_t *a = new_arena(0, SLAB);
+  ASSERT_OK(spw__arena_reserve(a, 2 * SLAB));
+  rec.fail_next_register = SPW_ERR_CUDA;
+  ASSERT_STATUS(spw__arena_reserve(a, 4 * SLAB), SPW_ERR_CUDA);
+  ASSERT_UEQ(stats(a).mapped, 2 * SLAB);
+  ASSERT_UEQ(registers(), 2);
+  ASSERT_OK(spw__arena_reserve(a, 4 * SLAB)); /* and it can be asked again */
+  ASSERT_UEQ(stats(a).mapped, 4 * SLAB);
+  end_arena(a);
+}
+
 static void big_request_gets_its_own_slab(void) {
   spw_host_arena_t *a = new_arena(0, SLAB);
   spw_host_extent_t small, big;
@@ -623,6 +680,10 @@ static const spw_test_t tests[] = {
     TEST(kept_empty_slab_gives_way_under_the_limit),
     TEST(growing_ahead_maps_a_slab_once_less_than_half_is_free),
     TEST(growing_ahead_counts_only_the_held_bytes),
+    TEST(a_reservation_maps_its_slabs_at_once),
+    TEST(reserved_slabs_stay_mapped_when_they_empty),
+    TEST(a_reservation_above_the_limit_is_refused_and_changes_nothing),
+    TEST(a_failed_reservation_keeps_what_it_pinned),
     TEST(big_request_gets_its_own_slab),
     TEST(big_request_over_the_limit_is_refused),
     TEST(registration_failure_leaves_no_slab_mapped),

@@ -23,6 +23,7 @@ spw_behaviour_test(test_oversubscribe)
 spw_behaviour_test(test_controller)
 spw_behaviour_test(test_streams)
 spw_behaviour_test(test_trace)
+spw_behaviour_test(test_host_reserve) # host memory pinned ahead of spills, and kept
 spw_behaviour_test(test_owners DISK) # owner tags: counters, names, the summary, refusals
 spw_behaviour_test(test_lifecycle DISK) # runtimes made and destroyed by 10 threads at once
 spw_behaviour_test(test_peer_tier DISK) # memory lent by another runtime (device 1 where lent)

@@ -1,5 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The runtime's public calls: creation from a config, destruction, and the queries. */
+/* The runtime's public calls: creation from a config, destruction, the queries, and the
+ * host memory reserved ahead. */
 #include "api.h"
 #include "peer.h"
 #include "completions.h"
@@ -55,6 +56,22 @@ int spw_runtime_limits(const spw_runtime_t *rt, uint64_t *device_limit, uint64_t
   if (device_limit) *device_limit = rt->budget.limit;
   if (host_limit) *host_limit = rt->settings.host_limit;
   if (disk_limit) *disk_limit = rt->settings.disk_limit;
+  return SPW_OK;
+}
+
+int spw_host_reserve(spw_runtime_t *rt, uint64_t bytes) {
+  if (!rt) return SPW_ERR_INVALID_ARG;
+  /* It blocks for as long as the pinning takes, which a callback must not do to the engine. */
+  if (spw__in_callback(rt)) return SPW_ERR_WOULD_DEADLOCK;
+  int st = spw__arena_reserve(rt->arena, bytes);
+  if (st == SPW_ERR_HOST_OUT_OF_MEMORY)
+    return spw__set_error(rt, st,
+                          "%llu bytes of host memory asked for, more than the host limit of "
+                          "%llu bytes",
+                          (unsigned long long)bytes, (unsigned long long)rt->settings.host_limit);
+  if (st != SPW_OK)
+    return spw__set_error(rt, st, "pinning %llu bytes of host memory failed: %s",
+                          (unsigned long long)bytes, spw_strerror(st));
   return SPW_OK;
 }
 
