@@ -357,6 +357,7 @@ CLOSED_CALLS = {
     "spill": lambda rt, b: rt.spill(b),
     "prefetch": lambda rt, b: rt.prefetch(b),
     "wait_idle": lambda rt, b: rt.wait_idle(),
+    "host_reserve": lambda rt, b: rt.host_reserve(1),
     "wait_stream": lambda rt, b: rt.wait_stream(),
     "memcpy": lambda rt, b: rt.memcpy(1, 2, 3),
     "register_stream": lambda rt, b: rt.register_stream(None),
@@ -393,7 +394,8 @@ def test_no_call_raises_overflow_error_for_a_huge_int(rt):
              lambda v: spillway.parse_size(v), lambda v: c.err_name(v),
              lambda v: spillway.DeferrableArray(rt, v, np.uint8),
              lambda v: rt.graph_launch(v, [b]), lambda v: rt.alloc(4096, owner=v),
-             lambda v: rt.owner_stats(v), lambda v: rt.name_owner(v, "x")]
+             lambda v: rt.owner_stats(v), lambda v: rt.name_owner(v, "x"),
+             lambda v: rt.host_reserve(v)]
     for call in calls:
         for v in huge:
             try:

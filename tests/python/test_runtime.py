@@ -146,3 +146,32 @@ def test_device_is_the_ordinal_from_the_keyword_or_the_environment(monkeypatch):
             assert r.device == want, kw
         finally:
             r.close()
+
+
+def test_host_reserve_pins_host_memory_before_the_first_spill():
+    with spillway.Runtime(backend="host", device_limit=16 * MiB, host_limit=256 * MiB,
+                          host_device_bytes=32 * MiB, ignore_env=True) as rt:
+        assert rt.stats().host_pinned_bytes == 0
+        rt.host_reserve(128 * MiB)
+        assert rt.stats().host_pinned_bytes >= 128 * MiB
+        assert rt.stats().host_bytes == 0
+
+
+def test_host_reserve_above_the_host_limit_is_refused_and_pins_nothing():
+    with spillway.Runtime(backend="host", device_limit=16 * MiB, host_limit=64 * MiB,
+                          host_device_bytes=32 * MiB, ignore_env=True,
+                          log_level="off") as rt:
+        with pytest.raises(spillway.HostOutOfMemoryError, match="host limit"):
+            rt.host_reserve(64 * MiB + 1)
+        assert rt.stats().host_pinned_bytes == 0
+
+
+@pytest.mark.parametrize("bad", ["64MiB", 1.5, True, None])
+def test_host_reserve_takes_an_int_only(rt, bad):
+    with pytest.raises(TypeError, match="nbytes"):
+        rt.host_reserve(bad)
+
+
+def test_host_reserve_of_a_negative_size_is_an_invalid_argument(rt):
+    with pytest.raises(spillway.InvalidArgumentError, match="nbytes"):
+        rt.host_reserve(-1)

@@ -684,6 +684,24 @@ static PyObject *runtime_prefetch_n(PyObject *self, PyObject *args, PyObject *kw
   return buffers_on_stream(self, args, kwds, spw_prefetch_n, 1);
 }
 
+/* host_reserve(nbytes): spw_host_reserve, the GIL released while it pins. */
+static PyObject *runtime_host_reserve(PyObject *self, PyObject *args, PyObject *kwds) {
+  static char *kwlist[] = {"nbytes", NULL};
+  spwpy_runtime_t *r = R(self);
+  PyObject *nobj;
+  if (!PyArg_ParseTupleAndKeywords(args, kwds, "O", kwlist, &nobj)) return NULL;
+  LIVE(r);
+  unsigned long long n;
+  if (spwpy_u64_from(nobj, "nbytes", 0, SPW_ERR_INVALID_ARG, &n) < 0) return NULL;
+  if (spwpy_refuse_in_callback()) return NULL;
+  int st;
+  Py_BEGIN_ALLOW_THREADS
+  st = spw_host_reserve(r->rt, (uint64_t)n);
+  Py_END_ALLOW_THREADS
+  if (st != SPW_OK) return spwpy_raise(r->rt, st);
+  Py_RETURN_NONE;
+}
+
 static PyObject *runtime_wait_idle(PyObject *self, PyObject *noargs) {
   spwpy_runtime_t *r = R(self);
   LIVE(r);
@@ -1116,6 +1134,7 @@ static PyMethodDef runtime_methods[] = {
     {"spill_n", (PyCFunction)(void (*)(void))runtime_spill_n, METH_VARARGS | METH_KEYWORDS, NULL},
     {"prefetch_n", (PyCFunction)(void (*)(void))runtime_prefetch_n, METH_VARARGS | METH_KEYWORDS, NULL},
     {"wait_idle", runtime_wait_idle, METH_NOARGS, NULL},
+    {"host_reserve", (PyCFunction)(void (*)(void))runtime_host_reserve, METH_VARARGS | METH_KEYWORDS, NULL},
     {"peer_lend", (PyCFunction)(void (*)(void))runtime_peer_lend, METH_VARARGS | METH_KEYWORDS, NULL},
     {"ipc_export", (PyCFunction)(void (*)(void))runtime_ipc_export, METH_VARARGS | METH_KEYWORDS, NULL},
     {"ipc_open", (PyCFunction)(void (*)(void))runtime_ipc_open, METH_VARARGS | METH_KEYWORDS, NULL},
