@@ -40,7 +40,9 @@
  *
  * Options (--NAME=VALUE or SPW_BENCH_NAME): budget, buf-size, factor, passes, depth (list),
  * max-lag (0 = the default above), link-bytes (bytes of the raw link measurement), reps (of
- * the raw measurement), peer-lend (bytes; 0 = no peer tier), lender (device ordinal).
+ * the raw measurement), peer-lend (bytes; 0 = no peer tier), lender (device ordinal),
+ * host-reserve (bytes of host memory pinned with spw_host_reserve after the setup, before
+ * the sweeps, its time printed apart; 0 = none, the arena grows as the sweeps need it).
  */
 #include <inttypes.h>
 #include <pthread.h>
@@ -236,13 +238,13 @@ static void print_peer_table(const link_t *l, const sweep_t *r, size_t n, double
 int main(int argc, char **argv) {
   static const char *const known[] = {"budget", "buf-size", "factor", "passes", "depth",
                                       "max-lag", "link-bytes", "reps", "peer-lend", "lender",
-                                      NULL};
+                                      "host-reserve", NULL};
   bench_env_t env;
   if (bench_opt_check(argc, argv, known) != SPW_OK || bench_env_init(&env) != SPW_OK) return 2;
   const int cuda = env.kind == SPW_BACKEND_CUDA;
   static const uint64_t def_depth[] = {4};
   uint64_t budget, size, factor, passes, link_bytes, reps, max_lag, depths[BENCH_MAX_LIST];
-  uint64_t peer_lend, lender_dev;
+  uint64_t peer_lend, lender_dev, host_reserve;
   size_t ndepths = 0;
   if (bench_opt_size(argc, argv, "budget", cuda ? 8 * BENCH_GIB : 64 * BENCH_MIB, &budget) ||
       bench_opt_size(argc, argv, "buf-size", cuda ? 256 * BENCH_MIB : 4 * BENCH_MIB, &size) ||
@@ -252,6 +254,7 @@ int main(int argc, char **argv) {
       bench_opt_uint(argc, argv, "reps", 3, &reps) ||
       bench_opt_uint(argc, argv, "max-lag", 0, &max_lag) ||
       bench_opt_size(argc, argv, "peer-lend", 0, &peer_lend) ||
+      bench_opt_size(argc, argv, "host-reserve", 0, &host_reserve) ||
       bench_opt_uint(argc, argv, "lender", (uint64_t)bench_other_device(&env), &lender_dev))
     return 2;
   if (bench_opt_uint_list(argc, argv, "depth", def_depth, 1, depths, &ndepths)) return 2;
@@ -328,6 +331,15 @@ int main(int argc, char **argv) {
   if (st == SPW_OK && (sst = spw_wait_idle(rt)) != SPW_OK) st = bench_fail(rt, "spw_wait_idle", sst);
   fprintf(stderr, "oversubscribe: setup (allocate and fill %zu buffers) %.2f s\n", made,
           bench_now() - t_setup);
+  if (st == SPW_OK && host_reserve) {
+    double t_pin = bench_now();
+    if ((sst = spw_host_reserve(rt, host_reserve)) != SPW_OK) st = bench_fail(rt, "spw_host_reserve", sst);
+    spw_stats_t ps;
+    if (st == SPW_OK) st = bench_get_stats(rt, &ps);
+    if (st == SPW_OK)
+      fprintf(stderr, "oversubscribe: spw_host_reserve(%" PRIu64 " MiB) %.2f s, %" PRIu64
+              " MiB pinned\n", host_reserve >> 20, bench_now() - t_pin, ps.host_pinned_bytes >> 20);
+  }
 
   sweep_t res[BENCH_MAX_LIST];
   size_t done = 0;
