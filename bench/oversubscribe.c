@@ -333,7 +333,8 @@ int main(int argc, char **argv) {
           bench_now() - t_setup);
   if (st == SPW_OK && host_reserve) {
     double t_pin = bench_now();
-    if ((sst = spw_host_reserve(rt, host_reserve)) != SPW_OK) st = bench_fail(rt, "spw_host_reserve", sst);
+    if ((sst = spw_host_reserve(rt, host_reserve)) != SPW_OK)
+      st = bench_fail(rt, "spw_host_reserve", sst);
     spw_stats_t ps;
     if (st == SPW_OK) st = bench_get_stats(rt, &ps);
     if (st == SPW_OK)

@@ -66,7 +66,8 @@ struct spw_host_arena {
   uint32_t nslots;
   uint64_t in_use, mapped, nslabs;
   uint64_t growing; /* bytes of a slab being mapped ahead, outside the mutex */
-  uint64_t floor;   /* empty slabs are given back only while more than this stays mapped */
+  uint64_t floor;   /* empty ordinary slabs go back only while this much of them stays */
+  uint64_t dedicated_mapped; /* the part of `mapped` in dedicated slabs */
   int borrowed;     /* one borrowed slab, no growth (spw__arena_create_borrowed) */
 };
 
@@ -140,6 +141,7 @@ static void release_slab(spw_host_arena_t *a, uint32_t i) {
     munmap(s->base, s->bytes);
   }
   a->mapped -= s->bytes;
+  if (s->dedicated) a->dedicated_mapped -= s->bytes;
   a->nslabs--;
   free(s->free);
   free(s);
@@ -212,10 +214,15 @@ static long find_spare(const spw_host_arena_t *a, long except) {
   return -1;
 }
 
+/* What a reservation counts: dedicated slabs go back whatever the floor. */
+static uint64_t ordinary_mapped(const spw_host_arena_t *a) {
+  return a->mapped - a->dedicated_mapped;
+}
+
 static int give_back(const spw_host_arena_t *a, uint32_t slot) {
   const slab_t *s = a->slots[slot];
   if (s->dedicated) return 1;
-  return count_spares(a, (long)slot) >= KEEP_EMPTY && a->mapped - s->bytes >= a->floor;
+  return count_spares(a, (long)slot) >= KEEP_EMPTY && ordinary_mapped(a) - s->bytes >= a->floor;
 }
 
 /* A free slot index (growing the slot array if needed), or -1. Called with the mutex held. */
@@ -270,6 +277,7 @@ static int map_slab(spw_host_arena_t *a, size_t size, int dedicated, slab_t **ou
 static void insert_slab(spw_host_arena_t *a, slab_t *s, uint32_t i) {
   a->slots[i] = s;
   a->mapped += s->bytes;
+  if (s->dedicated) a->dedicated_mapped += s->bytes;
   a->nslabs++;
 }
 
@@ -352,24 +360,29 @@ int spw__arena_reserve(spw_host_arena_t *a, uint64_t bytes) {
   if (!a) return SPW_ERR_INVALID_ARG;
   if (a->borrowed) return bytes <= a->mapped ? SPW_OK : SPW_ERR_HOST_OUT_OF_MEMORY;
   pthread_mutex_lock(&a->mu);
-  if (a->limit && bytes > a->limit) {
+  if ((a->limit && bytes > a->limit) || bytes > UINT64_MAX - a->page) {
     pthread_mutex_unlock(&a->mu);
     return SPW_ERR_HOST_OUT_OF_MEMORY;
   }
   a->floor = bytes;
+  /* Whole pages, and under a limit that is no page multiple its last part page is out of
+   * reach: that much counts as all of it. */
+  uint64_t target = round_up(bytes, a->page);
+  if (a->limit && target > a->limit / a->page * a->page) target = a->limit / a->page * a->page;
   int st = SPW_OK;
-  while (st == SPW_OK && a->mapped < bytes) {
+  while (st == SPW_OK && ordinary_mapped(a) < target) {
     if (a->growing) { /* mapped ahead meanwhile: counts once it lands */
       pthread_cond_wait(&a->grown, &a->mu);
       continue;
     }
     size_t size = a->slab_bytes;
     if (a->limit && room_left(a) < size) size = (size_t)(room_left(a) / a->page * a->page);
-    if (size == 0) break; /* less than a page short, under a limit that is no page multiple */
-    st = grow_outside(a, size);
+    /* The rest of the limit is held by slabs of single big buffers, which come and go. */
+    if (size == 0) st = SPW_ERR_HOST_OUT_OF_MEMORY;
+    else st = grow_outside(a, size);
   }
   /* What could be mapped stays, and so much is kept. */
-  if (st != SPW_OK && a->floor > a->mapped) a->floor = a->mapped;
+  if (st != SPW_OK && a->floor > ordinary_mapped(a)) a->floor = ordinary_mapped(a);
   pthread_mutex_unlock(&a->mu);
   return st;
 }

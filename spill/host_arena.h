@@ -78,14 +78,17 @@ void spw__arena_get_stats(spw_host_arena_t *a, spw_arena_stats_t *out);
  * meanwhile, and one that finds no room waits for this slab rather than map another.
  * Returns 1 if it added a slab. For a background thread: it blocks while it maps. */
 int spw__arena_grow_ahead(spw_host_arena_t *a, uint64_t held);
-/* Maps and pins ordinary slabs until at least `bytes` are mapped, and from then on keeps
- * them: an empty slab past the kept ones goes back only while `bytes` stay mapped (a
- * dedicated slab, sized for one request, still goes back at once). A later call replaces
+/* Maps and pins ordinary slabs until at least `bytes` of them are mapped, and from then on
+ * keeps them: an empty one past the kept ones goes back only while `bytes` stay mapped.
+ * Dedicated slabs (sized for one request) do not count and still go back at once, and one
+ * that finds no other room under the limit still takes that of empty reserved slabs, as it
+ * takes that of the kept ones. A later call replaces
  * the floor; 0 drops it, and slabs above it then go back as they empty. Blocks while it
  * maps, outside the mutex (allocations go on meanwhile, as for growing ahead). Errors:
  * SPW_ERR_HOST_OUT_OF_MEMORY (bytes above the limit: nothing changes; on a borrowed arena,
- * above its size), SPW_ERR_SYSTEM (mmap failed), the backend's (registration refused): then
- * the slabs mapped before the failure stay, and the floor is what is mapped. */
+ * above its size; or the rest of the limit held by dedicated slabs), SPW_ERR_SYSTEM (mmap
+ * failed), the backend's (registration refused): then the slabs mapped before the failure
+ * stay, and the floor is what is mapped. */
 int spw__arena_reserve(spw_host_arena_t *a, uint64_t bytes);
 
 #endif /* SPILLWAY_SPILL_HOST_ARENA_H */

@@ -656,6 +656,32 @@ static void eight_threads_allocate_and_free_concurrently(void) {
   end_arena(a);
 }
 
+/* Reservations made and dropped while the threads allocate and free: the limit holds, no
+ * extent lies outside a registered slab, and a reservation in force stays mapped. */
+static void reservations_run_beside_allocations(void) {
+  spw_host_arena_t *a = new_arena(LIMIT, SLAB);
+  pthread_t t[THREADS];
+  worker_t w[THREADS];
+  for (unsigned i = 0; i < THREADS; i++) {
+    w[i] = (worker_t){.a = a, .id = i};
+    ASSERT_EQ(pthread_create(&t[i], NULL, worker_main, &w[i]), 0);
+  }
+  for (int round = 0; round < 20; round++) {
+    uint64_t want = (uint64_t)(round % 4) * (LIMIT / 4); /* 0 drops it */
+    int st = spw__arena_reserve(a, want);
+    /* Dedicated slabs of the threads' big requests may hold the room a reservation wants. */
+    ASSERT_TRUE(st == SPW_OK || st == SPW_ERR_HOST_OUT_OF_MEMORY);
+    if (st == SPW_OK) ASSERT_GE(stats(a).mapped, want);
+  }
+  for (unsigned i = 0; i < THREADS; i++) {
+    ASSERT_EQ(pthread_join(t[i], NULL), 0);
+    ASSERT_TRUE(!w[i].limit_broken);
+    ASSERT_TRUE(!w[i].outside_slab);
+  }
+  ASSERT_UEQ(stats(a).in_use, 0);
+  end_arena(a);
+}
+
 static void open_backend(void) {
   spw_backend_params_t p = {.device = 0, .host_device_bytes = 64 * MiB};
   int st = spw__backend_host_ops.create(&p, &host_backend);
@@ -693,5 +719,6 @@ static const spw_test_t tests[] = {
     TEST(default_slab_size_is_256_mib),
     TEST(extent_memory_round_trips_through_the_backend),
     TEST(eight_threads_allocate_and_free_concurrently),
+    TEST(reservations_run_beside_allocations),
 };
 TEST_MAIN_WITH(tests, open_backend, close_backend)

@@ -267,15 +267,16 @@ SPW_API int spw_runtime_limits(const spw_runtime_t *rt, uint64_t *device_limit,
 
 /* Pins `bytes` of host memory for spilled buffers now, and keeps at least that much pinned
  * for the runtime's life: the pinned arena grows in slabs as spills need them (1 GiB on
- * the CUDA backend, a third of a second per GiB to map and pin), and a program that knows how much it will
- * spill pays that up front rather than in the middle of its first sweep. Memory above the
- * reservation still grows and shrinks as before. A later call replaces the reservation (0
- * drops it: the memory above the kept slabs then goes back as it empties). Blocks while it
- * pins; spills go on meanwhile. Thread-safe. Errors: SPW_ERR_INVALID_ARG (rt NULL),
- * SPW_ERR_HOST_OUT_OF_MEMORY (bytes above the host limit: nothing changes),
- * SPW_ERR_WOULD_DEADLOCK (from a controller callback), SPW_ERR_SYSTEM / SPW_ERR_CUDA (the
- * memory could not be mapped or pinned: what was pinned before the failure stays reserved;
- * spw_last_error says why). */
+ * the CUDA backend; a third of a second per GiB to map and pin), and a program that knows
+ * how much it will spill pays that up front rather than in the middle of its first sweep.
+ * Memory above the reservation still grows and shrinks as before. A later call replaces
+ * the reservation (0 drops it: the memory above the kept slabs then goes back as it
+ * empties). Blocks while it pins; spills go on meanwhile. Thread-safe. Errors:
+ * SPW_ERR_INVALID_ARG (rt NULL), SPW_ERR_HOST_OUT_OF_MEMORY (bytes above the host limit:
+ * nothing changes; or the rest of the limit held by the slabs of buffers larger than a
+ * slab), SPW_ERR_WOULD_DEADLOCK (from a controller callback), SPW_ERR_SYSTEM / SPW_ERR_CUDA
+ * (the memory could not be mapped or pinned: what was pinned before the failure stays
+ * reserved; spw_last_error says why). */
 SPW_API int spw_host_reserve(spw_runtime_t *rt, uint64_t bytes);
 
 /* Text of the last CUDA / system / I/O error this thread saw on `rt`
