@@ -634,22 +634,35 @@ static void *worker_main(void *arg) {
   return NULL;
 }
 
-static void eight_threads_allocate_and_free_concurrently(void) {
-  spw_host_arena_t *a = new_arena(LIMIT, SLAB);
+typedef struct crew {
   pthread_t t[THREADS];
   worker_t w[THREADS];
+} crew_t;
+
+static void crew_start(crew_t *c, spw_host_arena_t *a) {
   for (unsigned i = 0; i < THREADS; i++) {
-    w[i] = (worker_t){.a = a, .id = i};
-    ASSERT_EQ(pthread_create(&t[i], NULL, worker_main, &w[i]), 0);
+    c->w[i] = (worker_t){.a = a, .id = i};
+    ASSERT_EQ(pthread_create(&c->t[i], NULL, worker_main, &c->w[i]), 0);
   }
+}
+
+/* Joins the workers, checks what each saw, and returns their allocations. */
+static uint64_t crew_join(crew_t *c) {
   uint64_t allocs = 0;
   for (unsigned i = 0; i < THREADS; i++) {
-    ASSERT_EQ(pthread_join(t[i], NULL), 0);
-    ASSERT_TRUE(!w[i].limit_broken);
-    ASSERT_TRUE(!w[i].outside_slab);
-    allocs += w[i].allocs;
+    ASSERT_EQ(pthread_join(c->t[i], NULL), 0);
+    ASSERT_TRUE(!c->w[i].limit_broken);
+    ASSERT_TRUE(!c->w[i].outside_slab);
+    allocs += c->w[i].allocs;
   }
-  ASSERT_GT(allocs, THREADS * ITERS / 4);
+  return allocs;
+}
+
+static void eight_threads_allocate_and_free_concurrently(void) {
+  spw_host_arena_t *a = new_arena(LIMIT, SLAB);
+  crew_t c;
+  crew_start(&c, a);
+  ASSERT_GT(crew_join(&c), THREADS * ITERS / 4);
   spw_arena_stats_t s = stats(a);
   ASSERT_UEQ(s.in_use, 0);
   ASSERT_LE(s.slabs, 2); /* at most the two kept empty slabs */
@@ -660,12 +673,8 @@ static void eight_threads_allocate_and_free_concurrently(void) {
  * extent lies outside a registered slab, and a reservation in force stays mapped. */
 static void reservations_run_beside_allocations(void) {
   spw_host_arena_t *a = new_arena(LIMIT, SLAB);
-  pthread_t t[THREADS];
-  worker_t w[THREADS];
-  for (unsigned i = 0; i < THREADS; i++) {
-    w[i] = (worker_t){.a = a, .id = i};
-    ASSERT_EQ(pthread_create(&t[i], NULL, worker_main, &w[i]), 0);
-  }
+  crew_t c;
+  crew_start(&c, a);
   for (int round = 0; round < 20; round++) {
     uint64_t want = (uint64_t)(round % 4) * (LIMIT / 4); /* 0 drops it */
     int st = spw__arena_reserve(a, want);
@@ -673,11 +682,7 @@ static void reservations_run_beside_allocations(void) {
     ASSERT_TRUE(st == SPW_OK || st == SPW_ERR_HOST_OUT_OF_MEMORY);
     if (st == SPW_OK) ASSERT_GE(stats(a).mapped, want);
   }
-  for (unsigned i = 0; i < THREADS; i++) {
-    ASSERT_EQ(pthread_join(t[i], NULL), 0);
-    ASSERT_TRUE(!w[i].limit_broken);
-    ASSERT_TRUE(!w[i].outside_slab);
-  }
+  crew_join(&c);
   ASSERT_UEQ(stats(a).in_use, 0);
   end_arena(a);
 }
