@@ -75,7 +75,8 @@
   X(CONTROLLER, "controller", 1, 1)           \
   X(DEAD_HANDLE, "dead_handle", 2, 1)         \
   X(BAD_INPUT, "bad_input", 2, 1)             \
-  X(STREAM_RECYCLE, "stream_recycle", 1, 1)
+  X(STREAM_RECYCLE, "stream_recycle", 1, 1)   \
+  X(HOST_RESERVE, "host_reserve", 1, 1)
 
 #define STRESS_STEP_OPS(X)          \
   X(FENCE, "fence")                 \

@@ -793,6 +793,20 @@ static void op_bad_input(worker_t *w) {
 }
 
 /* spw_stream_destroy (a synchronize, then the stream is gone) and a fresh stream. */
+/* Host memory reserved ahead (spw_host_reserve) and dropped again, at a size drawn among
+ * none, a quarter and half of the host limit, and one byte past it, which is refused and
+ * changes nothing. Below the limit the slabs of single big buffers may hold the room. */
+static void op_host_reserve(worker_t *w) {
+  stress_t *st = w->st;
+  const uint64_t lim = st->o.host_limit;
+  const uint64_t sizes[4] = {0, lim / 4, lim / 2, lim + 1};
+  const uint64_t bytes = sizes[stress_below(&w->rng, 4)];
+  int rc = spw_host_reserve(st->rt, bytes);
+  note(w, OP_HOST_RESERVE, rc, -1, 0, NULL, 0);
+  unsigned acc = bytes > lim ? ACC(ERR_HOST_OUT_OF_MEMORY) : ACC(OK) | ACC(ERR_HOST_OUT_OF_MEMORY);
+  stress_expect(st, w, "spw_host_reserve", rc, acc, NULL);
+}
+
 static void op_stream_recycle(worker_t *w) {
   stress_t *st = w->st;
   int s = pick_stream(w);
@@ -891,6 +905,7 @@ static void run_op(worker_t *w, int op) {
   case OP_DEAD_HANDLE: op_dead_handle(w); break;
   case OP_BAD_INPUT: op_bad_input(w); break;
   case OP_STREAM_RECYCLE: op_stream_recycle(w); break;
+  case OP_HOST_RESERVE: op_host_reserve(w); break;
   default: break;
   }
 }
