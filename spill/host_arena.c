@@ -358,8 +358,8 @@ int spw__arena_grow_ahead(spw_host_arena_t *a, uint64_t held) {
 
 int spw__arena_reserve(spw_host_arena_t *a, uint64_t bytes) {
   if (!a) return SPW_ERR_INVALID_ARG;
-  if (a->borrowed) return bytes <= a->mapped ? SPW_OK : SPW_ERR_HOST_OUT_OF_MEMORY;
   pthread_mutex_lock(&a->mu);
+  /* A borrowed arena's limit is its size, all mapped: it is refused or met here. */
   if ((a->limit && bytes > a->limit) || bytes > UINT64_MAX - a->page) {
     pthread_mutex_unlock(&a->mu);
     return SPW_ERR_HOST_OUT_OF_MEMORY;

@@ -36,7 +36,7 @@ typedef struct recorder {
   /* reentry test */
   spw_runtime_t *rt;
   spw_buf_t trigger, other;
-  int wait_idle_status, sync_status, spill_status, reentered;
+  int wait_idle_status, sync_status, spill_status, reserve_status, reentered;
   spw_stream_t stream;
 } recorder_t;
 
@@ -239,6 +239,7 @@ static void reentrant_state(void *u, const spw_state_event_t *e) {
   r->reentered = 1;
   r->wait_idle_status = spw_wait_idle(r->rt);
   r->sync_status = spw_stream_synchronize(r->rt, r->stream);
+  r->reserve_status = spw_host_reserve(r->rt, 1 << 20);
   r->spill_status = spw_spill(r->rt, r->other, SPW_TIER_HOST);
 }
 
@@ -255,7 +256,7 @@ static void callback_wait_is_refused_and_spill_works(void) {
   fill(rt, r.other, s, n, 31);
   r.rt = rt;
   r.stream = s;
-  r.wait_idle_status = r.sync_status = r.spill_status = 1;
+  r.wait_idle_status = r.sync_status = r.spill_status = r.reserve_status = 1;
   const spw_controller_t c = {sizeof c, NULL, NULL, reentrant_state, NULL};
   ASSERT_OK(spw_set_controller(rt, &c, &r));
   ASSERT_OK(spw_spill(rt, r.trigger, SPW_TIER_HOST));
@@ -264,6 +265,7 @@ static void callback_wait_is_refused_and_spill_works(void) {
   ASSERT_EQ(r.reentered, 1);
   ASSERT_STATUS(r.wait_idle_status, SPW_ERR_WOULD_DEADLOCK);
   ASSERT_STATUS(r.sync_status, SPW_ERR_WOULD_DEADLOCK);
+  ASSERT_STATUS(r.reserve_status, SPW_ERR_WOULD_DEADLOCK); /* it blocks while it pins */
   ASSERT_STATUS(r.spill_status, SPW_OK);
   ASSERT_EQ(state_of(rt, r.other), SPW_STATE_HOST);
   ASSERT_OK(spw_set_controller(rt, NULL, NULL));

@@ -8,6 +8,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -422,6 +423,20 @@ static void a_failed_reservation_keeps_what_it_pinned(void) {
   end_arena(a);
 }
 
+/* A borrowed arena (lent memory) never maps: a reservation within it is already met, one
+ * past it is refused. */
+static void a_borrowed_arena_reserves_only_what_it_has(void) {
+  void *mem = aligned_alloc(4096, 4 * SLAB);
+  ASSERT_TRUE(mem != NULL);
+  spw_host_arena_t *a = NULL;
+  ASSERT_OK(spw__arena_create_borrowed(mem, 4 * SLAB, &a));
+  ASSERT_OK(spw__arena_reserve(a, 4 * SLAB));
+  ASSERT_STATUS(spw__arena_reserve(a, 4 * SLAB + 1), SPW_ERR_HOST_OUT_OF_MEMORY);
+  ASSERT_UEQ(stats(a).mapped, 4 * SLAB);
+  spw__arena_destroy(a);
+  free(mem);
+}
+
 static void big_request_gets_its_own_slab(void) {
   spw_host_arena_t *a = new_arena(0, SLAB);
   spw_host_extent_t small, big;
@@ -715,6 +730,7 @@ static const spw_test_t tests[] = {
     TEST(reserved_slabs_stay_mapped_when_they_empty),
     TEST(a_reservation_above_the_limit_is_refused_and_changes_nothing),
     TEST(a_failed_reservation_keeps_what_it_pinned),
+    TEST(a_borrowed_arena_reserves_only_what_it_has),
     TEST(big_request_gets_its_own_slab),
     TEST(big_request_over_the_limit_is_refused),
     TEST(registration_failure_leaves_no_slab_mapped),

@@ -64,15 +64,14 @@ int spw_host_reserve(spw_runtime_t *rt, uint64_t bytes) {
   /* It blocks for as long as the pinning takes, which a callback must not do to the engine. */
   if (spw__in_callback(rt)) return SPW_ERR_WOULD_DEADLOCK;
   int st = spw__arena_reserve(rt->arena, bytes);
-  if (st == SPW_ERR_HOST_OUT_OF_MEMORY)
-    return spw__set_error(rt, st,
-                          "%llu bytes of host memory asked for, more than the host limit of "
-                          "%llu bytes",
-                          (unsigned long long)bytes, (unsigned long long)rt->settings.host_limit);
-  if (st != SPW_OK)
-    return spw__set_error(rt, st, "pinning %llu bytes of host memory failed: %s",
-                          (unsigned long long)bytes, spw_strerror(st));
-  return SPW_OK;
+  if (st == SPW_OK) return SPW_OK;
+  if (bytes > rt->settings.host_limit)
+    return spw__set_error(rt, st, "%llu bytes of host memory asked for, more than the host "
+                          "limit of %llu bytes", (unsigned long long)bytes,
+                          (unsigned long long)rt->settings.host_limit);
+  /* Under the limit: slabs of single big buffers hold the rest, or the pinning failed. */
+  return spw__set_error(rt, st, "pinning %llu bytes of host memory failed: %s",
+                        (unsigned long long)bytes, spw_strerror(st));
 }
 
 const char *spw_last_error(const spw_runtime_t *rt) {

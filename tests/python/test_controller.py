@@ -171,7 +171,8 @@ def test_calls_that_would_wait_raise_would_deadlock_in_every_method(rt):
     def try_all(where):
         for name, call in [("wait_idle", rt.wait_idle), ("synchronize", lambda: rt.synchronize(s)),
                            ("acquire", lambda: far.acquire(s)), ("flush", lambda: flush(rt)),
-                           ("close", rt.close), ("wait_stream", lambda: rt.wait_stream(s))]:
+                           ("close", rt.close), ("wait_stream", lambda: rt.wait_stream(s)),
+                           ("host_reserve", lambda: rt.host_reserve(MiB))]:
             try:
                 call()
                 outcomes[where].append((name, "returned"))
@@ -199,7 +200,7 @@ def test_calls_that_would_wait_raise_would_deadlock_in_every_method(rt):
     for where in ("pressure", "allocated"):
         assert outcomes[where] == [(n, "WouldDeadlockError") for n in
                                    ("wait_idle", "synchronize", "acquire", "flush", "close",
-                                    "wait_stream")], where
+                                    "wait_stream", "host_reserve")], where
     assert not rt.closed
     far.acquire(s)  # outside a method the same calls work
     rt.synchronize(s)
