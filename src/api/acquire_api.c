@@ -76,15 +76,15 @@ int spw_release_n_async(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
     st = spw__handles_lookup(&rt->handles, bufs[i], &s, &w);
     if (st != SPW_OK) return st;
   }
-  return spw__release_n_after(rt, e, bufs, n);
+  return spw__release_n_after(rt, e, bufs, n, 1);
 }
 
 int spw__release_n_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_t *bufs,
-                         size_t n) {
+                         size_t n, int maybe_idle) {
   /* Out of the lock map first, all or nothing: a later synchronize must not release these
    * locks a second time, and a missing one must leave the map as it was. */
   if (!spw__lockmap_remove_n(e, bufs, n)) return SPW_ERR_NOT_LOCKED;
-  int st = spw__unlock_after(rt, e, bufs, n);
+  int st = spw__unlock_after(rt, e, bufs, n, maybe_idle);
   if (st != SPW_OK)
     for (size_t i = 0; i < n; i++)
       if (spw__lockmap_push(e, bufs[i]) != SPW_OK) spw__unlock(rt, bufs[i]);

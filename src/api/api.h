@@ -33,8 +33,9 @@ static inline int spw__stream_and_buffer(spw_runtime_t *rt, spw_stream_t stream,
 
 /* spw_release_n_async once its arguments are checked: takes one lock of each of bufs[0..n)
  * out of e's lock map, all or nothing (else SPW_ERR_NOT_LOCKED), and drops them once the
- * work enqueued on the stream so far has completed. On error the map is as it was. */
+ * work enqueued on the stream so far has completed. `maybe_idle` as for spw__unlock_after.
+ * On error the map is as it was. */
 int spw__release_n_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_t *bufs,
-                         size_t n);
+                         size_t n, int maybe_idle);
 
 #endif /* SPILLWAY_API_API_H */

@@ -112,9 +112,11 @@ static int release_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf
     spw_buf_t *h = n <= STACK_ARGS ? stack : malloc(n * sizeof *h);
     int st = SPW_ERR_SYSTEM;
     if (h) {
-      /* spw_release_n_async without its checks: these locks were just taken on e. */
+      /* spw_release_n_async without its checks: these locks were just taken on e. Not
+       * maybe_idle: the kernel was just enqueued, and a look at the stream would cost a
+       * driver call per launch to find it still running. */
       for (size_t i = 0; i < n; i++) h[i] = a[i].buf;
-      st = spw__release_n_after(rt, e, h, n);
+      st = spw__release_n_after(rt, e, h, n, 0);
       if (h != stack) free(h);
     }
     /* The other errors mean the locks are not there to release: nothing to fall back to. */

@@ -133,7 +133,7 @@ int spw_stream_release_async(spw_runtime_t *rt, spw_stream_t stream) {
     free(list);
     return SPW_OK;
   }
-  st = spw__unlock_after(rt, e, list, n);
+  st = spw__unlock_after(rt, e, list, n, 1);
   if (st != SPW_OK) put_back(rt, e, list, n);
   else free(list);
   return st;

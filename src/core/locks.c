@@ -258,7 +258,7 @@ static int unlock_job_join(void *open_arg, const void *add) {
 }
 
 int spw__unlock_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_t *bufs,
-                      size_t n) {
+                      size_t n, int maybe_idle) {
   unlock_add_t add = {bufs, n};
   int st = spw__completions_join(rt->completions, e->bstream, &e->release_cell, unlock_job_join,
                                  &add);
@@ -274,7 +274,7 @@ int spw__unlock_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_t 
   *j = (unlock_job_t){rt, list, n, n > 16 ? n : 16};
   /* A stream with nothing left to run (a library's free, a release after a synchronize)
    * releases at once: no poller round during which the memory is held. */
-  st = spw__completions_after_open(rt->completions, e->bstream, &e->release_cell, 1,
+  st = spw__completions_after_open(rt->completions, e->bstream, &e->release_cell, maybe_idle,
                                    unlock_job_run, j);
   if (st != SPW_OK) {
     free(list);

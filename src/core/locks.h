@@ -33,9 +33,11 @@ void spw__unlock_list(spw_runtime_t *rt, spw_buf_t *list, size_t n, int done);
  * enqueued on e's stream so far has completed, without blocking; bufs stays the caller's.
  * Releases behind one stream back to back share one completion item and one event, which
  * is recorded again at each: so each release happens once the latest work joined to its
- * item has completed, at most one polling round later than alone (completions.h). On error
- * nothing is scheduled. */
+ * item has completed, at most one polling round later than alone (completions.h).
+ * `maybe_idle`: the stream may have nothing left to run, so a new item looks first and
+ * releases at once if so; 0 where the caller has just enqueued work there (a launch),
+ * which the look would never find done. On error nothing is scheduled. */
 int spw__unlock_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_t *bufs,
-                      size_t n);
+                      size_t n, int maybe_idle);
 
 #endif /* SPILLWAY_CORE_LOCKS_H */
