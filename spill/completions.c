@@ -36,6 +36,7 @@ struct spw_completions {
   item_t *head, *tail;
   uint64_t submitted; /* items are numbered in submission order */
   int busy;           /* the poller holds a detached list (outside `head`) */
+  int drainers;       /* threads in spw__completions_drain_for */
   int stop;
 };
 
@@ -114,9 +115,17 @@ static void *poller(void *arg) {
     }
     c->busy = 0;
     pthread_cond_broadcast(&c->done_cv);
-    if (ran || !c->head) {
+    if (!c->head) {
       sleep_ns = 20000;
       continue;
+    }
+    /* Items are left and some just finished: work is flowing. Unless someone waits for
+     * them, pause one short step before the next round, so that a launching thread's
+     * releases join the open item instead of each making its own, and the queries leave
+     * the driver to the threads that launch. */
+    if (ran) {
+      sleep_ns = 20000;
+      if (c->drainers) continue;
     }
     pthread_mutex_unlock(&c->mu);
     struct timespec ts = {0, sleep_ns};
@@ -247,6 +256,7 @@ int spw__completions_drain_for(spw_completions_t *c, uint64_t timeout_ns) {
   /* Items finish out of order: everything submitted so far has run once none of them is in
    * the list and the poller holds no detached list. */
   uint64_t target = c->submitted;
+  c->drainers++;
   for (;;) {
     int older_pending = c->busy;
     for (item_t *it = c->head; it && !older_pending; it = it->next)
@@ -259,6 +269,7 @@ int spw__completions_drain_for(spw_completions_t *c, uint64_t timeout_ns) {
       break;
     }
   }
+  c->drainers--;
   pthread_mutex_unlock(&c->mu);
   return drained;
 }
