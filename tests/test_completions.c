@@ -3,8 +3,9 @@
  * joins a stream's open item (the release of launches back to back) runs only once the work
  * enqueued before the join has completed, never with the earlier work alone; a mark seals
  * the open item; an item that ran, or one of another stream, takes no more work; asked to,
- * an item behind an idle stream runs at once. A gate (a host function that blocks its stream
+ * an item behind an idle stream runs at once, and only when asked. A gate (a host function that blocks its stream
  * until the test opens it) stands for a long kernel. */
+#include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 
@@ -53,11 +54,13 @@ typedef struct work {
   atomic_int ran;
   int status;
   int pieces;
+  pthread_t by; /* the thread that ran it */
 } work_t;
 
 static void run_work(void *arg, int status) {
   work_t *w = arg;
   w->status = status;
+  w->by = pthread_self();
   atomic_store(&w->ran, 1);
 }
 
@@ -174,6 +177,18 @@ static void work_behind_an_idle_stream_runs_at_once_when_asked(void) {
   ASSERT_EQ(atomic_load(&v.ran), 1);
 }
 
+/* Not asked (a launch's release: the kernel was just enqueued, a look would only cost a
+ * driver call): even behind an idle stream the work is left to the poller's thread. */
+static void work_behind_an_idle_stream_is_left_to_the_poller_unless_asked(void) {
+  work_t w = {.pieces = 1};
+  ASSERT_OK(ops->stream_sync(be, s1));
+  ASSERT_OK(spw__completions_after_open(comp, s1, &cell, 0, run_work, &w));
+  spw__completions_drain(comp);
+  ASSERT_EQ(atomic_load(&w.ran), 1);
+  ASSERT_OK(w.status);
+  ASSERT_TRUE(!pthread_equal(w.by, pthread_self()));
+}
+
 /* ... and behind a busy one it still waits for the stream. */
 static void work_behind_a_busy_stream_waits_even_when_asked_to_run_now(void) {
   work_t w = {.pieces = 1}, v = {.pieces = 1};
@@ -197,6 +212,7 @@ static const spw_test_t tests[] = {
     TEST(an_item_of_another_stream_takes_no_work),
     TEST(two_items_started_at_once_both_run),
     TEST(work_behind_an_idle_stream_runs_at_once_when_asked),
+    TEST(work_behind_an_idle_stream_is_left_to_the_poller_unless_asked),
     TEST(work_behind_a_busy_stream_waits_even_when_asked_to_run_now),
 };
 TEST_MAIN_FIXTURE(tests, open_fixture, close_fixture)
