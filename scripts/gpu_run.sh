@@ -57,8 +57,9 @@
 #
 # Knobs for a short session: SPW_CTEST_EXCLUDE (a ctest -E regex for `tests`), SPW_BENCHES
 # (which of lock_latency spill_bw disk_bw launch_overhead peer_bw; default all but peer_bw,
-# which has its phase), SPW_OVERSUB_RUNS (3), SPW_BENCH_DEMO (1: run the demo after the
-# benches), SPW_SUITE_SECONDS (560, per suite).
+# which has its phase), SPW_OVERSUB_RUNS (3), SPW_OVERSUB_RESERVE (e.g. 20GiB: each
+# oversubscribe run is followed by one with --host-reserve of that size, for issue 20's goal
+# 7), SPW_BENCH_DEMO (1: run the demo after the benches), SPW_SUITE_SECONDS (560, per suite).
 # Logs go to $SPW_GPU_LOGS (default /tmp/gpu-logs, kept across the commands of one machine;
 # scripts/gpu_env.sh sets it up for every GPU script); the summary lines go to stdout.
 # SPW_COMMIT names the commit in the logs.
@@ -186,10 +187,14 @@ phase_bench() {
     echo "== $b rc=$?"
     tail -22 "$logs/$b.txt"
   done
+  local reserve=${SPW_OVERSUB_RESERVE:-} args
   for r in $(seq "${SPW_OVERSUB_RUNS:-3}"); do
-    SPILLWAY_BACKEND=cuda timeout 240 "$build/bench/oversubscribe" >"$logs/oversubscribe-$r.txt" 2>&1
-    echo "== oversubscribe run $r rc=$?"
-    tail -12 "$logs/oversubscribe-$r.txt"
+    for args in "" ${reserve:+"--host-reserve=$reserve"}; do
+      local log=$logs/oversubscribe-$r${args:+-reserved}.txt
+      SPILLWAY_BACKEND=cuda timeout 240 "$build/bench/oversubscribe" $args >"$log" 2>&1
+      echo "== oversubscribe run $r${args:+ $args} rc=$?"
+      tail -12 "$log"
+    done
   done
   [ "${SPW_BENCH_DEMO:-1}" = 1 ] || return 0
   timeout 240 "$build/demo/spillway-demo" >"$logs/demo.txt" 2>&1
