@@ -204,6 +204,59 @@ def test_the_preload_installs_the_plugin_from_the_dask_config(tmp_path):
                 assert [s["backend"] for s in stats.values()] == [BACKEND]
 
 
+# -- host memory reserved when a worker starts ------------------------------------------------
+
+def _pinned(dask_worker=None):
+    return spillway.dask.runtime(dask_worker).stats().host_pinned_bytes
+
+
+def test_the_plugin_reserves_host_memory_on_every_worker(tmp_path):
+    plugin = SpillwayPlugin(backend=BACKEND, device_limit=BUDGET, spill_dir=str(tmp_path),
+                            host_limit="256MiB", host_reserve="64MiB", log_level="error")
+    with LocalCluster(n_workers=2, threads_per_worker=1, processes=False,
+                      dashboard_address=None, plugins={plugin}) as cluster:
+        with Client(cluster) as client:
+            pinned = client.run(_pinned)
+            assert len(pinned) == 2
+            assert all(n >= 64 * MiB for n in pinned.values()), pinned
+
+
+def test_the_dask_config_names_the_host_reserve(tmp_path):
+    import dask
+    plugin = SpillwayPlugin(backend=BACKEND, device_limit=BUDGET, spill_dir=str(tmp_path),
+                            host_limit="256MiB", log_level="error")
+    with dask.config.set({"spillway.host-reserve": "96MiB"}):
+        with LocalCluster(n_workers=1, processes=False, dashboard_address=None,
+                          plugins={plugin}) as cluster:
+            with Client(cluster) as client:
+                assert [n >= 96 * MiB for n in client.run(_pinned).values()] == [True]
+
+
+def test_a_host_reserve_above_the_host_limit_fails_the_worker_and_gives_its_runtime_back(
+        tmp_path):
+    import spillway.process as P
+    if P.existing(0) is not None:
+        pytest.skip("this process already uses its shared runtime (the GPU tests' own)")
+    prior = P.configuration()
+    plugin = SpillwayPlugin(backend=BACKEND, device_limit=BUDGET, spill_dir=str(tmp_path),
+                            host_limit="32MiB", host_reserve="64MiB", log_level="error")
+    with pytest.raises(RuntimeError, match="failed to start"):
+        with LocalCluster(n_workers=1, processes=False, dashboard_address=None,
+                          plugins={plugin}):
+            pass
+    if BACKEND == "host":  # on CUDA the runtime may live on as Numba's (by design)
+        assert P.existing(0) is None
+        assert P.configuration() == prior
+
+
+@pytest.mark.parametrize("value, error", [("lots", ValueError), (0, ValueError),
+                                          (-1, ValueError), (1.5, TypeError),
+                                          (True, TypeError), (b"1GiB", TypeError)])
+def test_a_host_reserve_that_is_not_a_size_is_refused_when_the_plugin_is_made(value, error):
+    with pytest.raises(error, match="host_reserve"):
+        SpillwayPlugin(host_reserve=value)
+
+
 # -- issue 17: release is prompt ---------------------------------------------------------------
 # On the GPU, 2 process workers (64 MiB budget, 32 MiB host limit each) computed and gathered
 # 96 chunks of 4 MiB; after every future was cancelled and released, one worker still held 46

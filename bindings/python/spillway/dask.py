@@ -19,6 +19,9 @@ What the plugin does in each worker process (docs/python.md, "Dask"):
   configuration (``spillway.device-limit``, ``spillway.host-limit``, ``spillway.spill-dir``,
   ``spillway.backend``, ``spillway.trace``), else the SPILLWAY_* variables; the spill files
   go into the worker's local directory unless told otherwise;
+* with ``host_reserve`` (or ``spillway.host-reserve``), pins that much host memory for
+  spilled data before the worker runs a task (:meth:`Runtime.host_reserve`), so that the
+  pinning is not paid while transfers run;
 * on the CUDA backend with numba-cuda installed, makes it Numba's memory manager (the EMM
   plugin of spillway.numba), so that Numba's allocations in tasks share its budget;
 * installs :class:`DaskPolicy`, a controller that spills first the buffers of keys that
@@ -331,19 +334,40 @@ class SpillwayPlugin(WorkerPlugin):
     variable. ``policy=False`` leaves victim choice to least recently used; ``numba=False``
     does not install the Numba EMM plugin (it is installed only on the CUDA backend, and
     only if numba-cuda is there). ``shared=False`` gives the worker a runtime of its own
-    instead of the process's shared one (spillway.process), and installs no Numba plugin."""
+    instead of the process's shared one (spillway.process), and installs no Numba plugin.
+    ``host_reserve`` (an int or a size string such as "20GiB"; else the worker's Dask
+    configuration ``spillway.host-reserve``) pins that much host memory for spilled data
+    when the worker starts (:meth:`Runtime.host_reserve`): a worker whose spilled data will
+    reach it pays the pinning once, up front, not while transfers run. If it cannot be
+    pinned (above the host limit, for one), the worker fails to start, and the runtime it
+    took is given back.
+
+    TypeError / ValueError at construction for a ``host_reserve`` that is not a size > 0."""
 
     name = "spillway"
     idempotent = True
     _worker: Optional["weakref.ref[Any]"] = None
 
     def __init__(self, *, policy: bool = True, numba: bool = True, shared: bool = True,
-                 **runtime_kwargs: Any) -> None:
+                 host_reserve: Union[int, str, None] = None, **runtime_kwargs: Any) -> None:
         self._worker = None
         self.policy = policy
         self.numba = numba
         self.shared = shared
+        self.host_reserve = None if host_reserve is None else _size("host_reserve",
+                                                                    host_reserve)
         self.kwargs = runtime_kwargs
+
+    def _host_reserve_bytes(self) -> int:
+        """The bytes to reserve: the argument, else the worker's Dask configuration; 0 for
+        none."""
+        v = self.host_reserve
+        if v is None:
+            v = dask.config.get("spillway.host-reserve", None)
+            if v is None:
+                return 0
+            v = _size("spillway.host-reserve", v)
+        return int(_c.parse_size(v))
 
     def _config(self, worker: Any) -> Dict[str, Any]:
         kw = dict(self.kwargs)
@@ -401,6 +425,14 @@ class SpillwayPlugin(WorkerPlugin):
             return bound.setup(worker)
         kw = self._config(worker)
         rt, shared_device = self._runtime(kw)
+        reserve = self._host_reserve_bytes()
+        if reserve:
+            try:
+                rt.host_reserve(reserve)
+            except Exception:
+                self._give_back(rt, shared_device, reserved=False)
+                raise
+        self._reserved = reserve
         policy = DaskPolicy() if self.policy else None
         if policy is not None:
             rt.set_controller(policy)
@@ -448,22 +480,30 @@ class SpillwayPlugin(WorkerPlugin):
         state.releases.closed = True
         with _states_lock:
             _states.discard(state)
-        rt = state.runtime
         try:
-            rt.set_controller(None)
-            if state.shared_device is None:
-                rt.close()
-                return
-            import sys
-            if rt.backend == Backend.CUDA and "spillway.numba" in sys.modules:
-                return  # Numba's runtime too: it lives as long as Numba's context
-            if _process.reset(state.shared_device):
-                try:  # what the process had before this worker configured it
-                    _process.configure(**getattr(self, "_prior_config", {}))
-                except RuntimeError:
-                    pass
+            state.runtime.set_controller(None)
+            self._give_back(state.runtime, state.shared_device,
+                            reserved=bool(getattr(self, "_reserved", 0)))
         except Exception as e:  # keep the worker's shutdown going
             log.warning("spillway: worker %s: runtime not destroyed: %s", state.address, e)
+
+    def _give_back(self, rt: Runtime, shared_device: Optional[int], reserved: bool) -> None:
+        """Destroys the worker's runtime, or gives the process's shared one back."""
+        if shared_device is None:
+            rt.close()
+            return
+        import sys
+        if rt.backend == Backend.CUDA and "spillway.numba" in sys.modules:
+            # Numba's runtime too: it lives as long as Numba's context, without the pinned
+            # memory this worker asked for.
+            if reserved:
+                rt.host_reserve(0)
+            return
+        if _process.reset(shared_device):
+            try:  # what the process had before this worker configured it
+                _process.configure(**getattr(self, "_prior_config", {}))
+            except RuntimeError:
+                pass
 
 
 def _state(worker: Any = None) -> _WorkerState:
