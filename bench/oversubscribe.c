@@ -402,6 +402,13 @@ int main(int argc, char **argv) {
       if (res[i].disk)
         printf("note: depth %" PRIu64 " went to disk (%.2f GiB): the host limit was too small\n",
                res[i].depth, (double)res[i].disk / BENCH_GIB);
+    /* Pinning costs about 0.3 s a GiB, and paid mid-sweep it stalls the transfers. */
+    for (size_t i = 0; i < done; i++)
+      if (res[i].pinned_after > res[i].pinned_before)
+        printf("note: depth %" PRIu64 " pinned %.2f GiB of host memory during its sweep, while "
+               "transfers ran: --host-reserve=%" PRIu64 "MiB (spw_host_reserve) pins it ahead\n",
+               res[i].depth, (double)(res[i].pinned_after - res[i].pinned_before) / BENCH_GIB,
+               res[i].pinned_after >> 20);
     printf("\ngoal%s: wall time <= 1.25x the duplex floor:",
            cuda ? "" : " (for an H100/H200; on the host backend only relative)");
     for (size_t i = 0; i < done; i++) {
