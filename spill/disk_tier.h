@@ -30,6 +30,9 @@ typedef struct spw_disk_params {
   spw_file_log_fn log;       /* the tier's log lines (level, text) */
   spw_error_sink_fn on_error; /* errno / CUDA name and text of a failure */
   _Atomic uint64_t *requests; /* where the tier counts the requests it issues (may be NULL) */
+  uint64_t grow_step;  /* the spill file's (0: its default) */
+  uint64_t quiet_ns;   /* how long the tier must have moved nothing before a sweep step
+                          runs (0: the default, 50 ms) */
   void *ctx;
 } spw_disk_params_t;
 
@@ -78,9 +81,12 @@ int spw__disk_read_device_n(spw_disk_t *d, spw_disk_item_t *items, size_t n, spw
 /* Returns an extent; an empty one is ignored. Returns 1 when a sweep of freed space is
  * due: the caller arranges for spw__disk_sweep to run elsewhere. */
 int spw__disk_free(spw_disk_t *d, spw_disk_extent_t *e);
-/* One step of giving freed space back to the file system (spw__spill_file_sweep): never
- * call it on a path that brings buffers back. Returns 1 if more steps are due. */
-int spw__disk_sweep(spw_disk_t *d, unsigned max_punches);
+/* One step of giving freed space back to the file system (spw__spill_file_sweep), if one is
+ * due and the tier has moved nothing for `quiet_ns`: a punch beside a transfer would stall
+ * it. Transfers that start meanwhile wait for the step. Never call it on a path that brings
+ * buffers back. Returns 1 if more steps are due now; 0 otherwise, with *later_ns the time
+ * after which to try again when the step waited for quiet (else 0). */
+int spw__disk_sweep(spw_disk_t *d, unsigned max_punches, uint64_t *later_ns);
 
 /* Bytes of the spill file in use, and its limit (0: none). */
 uint64_t spw__disk_in_use(const spw_disk_t *d);

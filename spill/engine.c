@@ -3,8 +3,11 @@
  * direction, under one engine mutex. */
 #include "engine.h"
 
+#include <errno.h>
 #include <pthread.h>
 #include <stdlib.h>
+
+#include "clock.h"
 
 typedef struct lane {
   spw_engine_t *e;
@@ -27,6 +30,8 @@ struct spw_engine {
   pthread_cond_t idle_cv; /* waiters: both lanes empty and idle */
   lane_t lanes[2];
   int kicked, untidy, stop;
+  int tidy_later;           /* a tidy step asked to run again at tidy_at */
+  struct timespec tidy_at;  /* CLOCK_REALTIME, for the down lane's timed wait */
   uint64_t kicks, kick_taken, kick_done; /* numbered as submissions are */
   uint64_t followups; /* jobs queued and kicks made by the lanes' own threads */
 };
@@ -41,7 +46,14 @@ static void *worker(void *arg) {
   spw_engine_t *e = l->e;
   pthread_mutex_lock(&e->mu);
   for (;;) {
-    while (!has_work(e, l) && !e->stop) pthread_cond_wait(&l->cv, &e->mu);
+    while (!has_work(e, l) && !e->stop) {
+      if (l->which != SPW_LANE_DOWN || !e->tidy_later) {
+        pthread_cond_wait(&l->cv, &e->mu);
+      } else if (pthread_cond_timedwait(&l->cv, &e->mu, &e->tidy_at) == ETIMEDOUT) {
+        e->tidy_later = 0;
+        e->untidy = 1;
+      }
+    }
     if (!has_work(e, l)) break; /* stopped, and nothing is queued */
     spw_job_t *jobs = l->head;
     l->head = l->tail = NULL;
@@ -59,13 +71,17 @@ static void *worker(void *arg) {
 
     if (jobs) e->work.run(e->work.ctx, l->which, jobs);
     if (background) e->work.background(e->work.ctx);
-    int more = tidy && e->work.tidy && e->work.tidy(e->work.ctx);
+    uint64_t next = tidy && e->work.tidy ? e->work.tidy(e->work.ctx) : SPW_TIDY_DONE;
 
     pthread_mutex_lock(&e->mu);
     l->busy = 0;
     l->done = l->taken;
     if (background) e->kick_done = e->kick_taken;
-    if (more) e->untidy = 1;
+    if (tidy) { /* the step's answer replaces any later step asked for before */
+      e->untidy = e->untidy || next == SPW_TIDY_NOW;
+      e->tidy_later = next > SPW_TIDY_NOW;
+      if (e->tidy_later) e->tidy_at = spw__deadline_in(next);
+    }
     pthread_cond_broadcast(&e->idle_cv);
   }
   pthread_mutex_unlock(&e->mu);

@@ -30,6 +30,9 @@ typedef struct spw_job {
   struct spw_job *next;
 } spw_job_t;
 
+#define SPW_TIDY_DONE 0u
+#define SPW_TIDY_NOW 1u
+
 typedef struct spw_engine_work {
   /* Runs `jobs` (a list in queue order) on lane `lane`'s thread and frees them. */
   void (*run)(void *ctx, spw_lane_t lane, spw_job_t *jobs);
@@ -37,9 +40,11 @@ typedef struct spw_engine_work {
   void (*background)(void *ctx);
   /* Housekeeping that moves no data (giving the spill file's freed space back to the file
    * system), a short step at a time: once asked for (spw__engine_tidy), one step runs on the
-   * down lane's thread after each round of its work, or alone, and again while it returns
-   * nonzero. Waiters never wait for it; a stopping engine leaves what is left. May be NULL. */
-  int (*tidy)(void *ctx);
+   * down lane's thread after each round of its work, or alone. It returns SPW_TIDY_DONE,
+   * SPW_TIDY_NOW (another step at once) or any larger value: another step after that many
+   * nanoseconds, unless asked for sooner. Waiters never wait for it; a stopping engine
+   * leaves what is left. May be NULL. */
+  uint64_t (*tidy)(void *ctx);
   /* Frees jobs that no lane will run: queued by one lane's thread (a controller callback)
    * after the other lane had stopped. */
   void (*discard)(void *ctx, spw_job_t *jobs);

@@ -524,8 +524,14 @@ static void sweep(spw_spill_file_t *f, deferred_log_t *dl) {
   f->sweeping = 0;
 }
 
-/* One step of a sweep: punches at most `max` gaps (free space that is not a hole) at or
- * above sweep_at, each becoming a hole at once. Returns 1 if gaps are left. */
+/* A step's punches are at most this long: a punch holds the file's inode lock (and, on a
+ * file system mounted with discard, discards the range), so a transfer that comes during a
+ * step waits for a bounded one, not for a whole file's worth of freed space. */
+#define PUNCH_MAX ((uint64_t)64 << 20)
+
+/* One step of a sweep: punches at most `max` gaps (free space that is not a hole; each cut
+ * to PUNCH_MAX) at or above sweep_at, each becoming a hole at once. Returns 1 if gaps are
+ * left. */
 static int sweep_step(spw_spill_file_t *f, unsigned max, deferred_log_t *dl) {
   unsigned punched = 0;
   size_t i = ranges_lower_bound(&f->free, f->sweep_at);
@@ -541,6 +547,7 @@ static int sweep_step(spw_spill_file_t *f, unsigned max, deferred_log_t *dl) {
         continue;
       }
       uint64_t gap_end = h < f->holes.n && f->holes.v[h].off < end ? f->holes.v[h].off : end;
+      if (gap_end - at > PUNCH_MAX) gap_end = at + PUNCH_MAX; /* aligned: so is PUNCH_MAX */
       if (punched == max) {
         f->sweep_at = at;
         return 1;
@@ -659,6 +666,14 @@ int spw__spill_file_free(spw_spill_file_t *f, spw_disk_extent_t *e) {
   int due = !f->no_fallocate && (f->sweeping || f->slack >= f->grow_step);
   pthread_mutex_unlock(&f->mu);
   flush_log(f, &dl);
+  return due;
+}
+
+int spw__spill_file_sweep_due(spw_spill_file_t *f) {
+  if (!f) return 0;
+  pthread_mutex_lock(&f->mu);
+  int due = !f->no_fallocate && (f->sweeping || f->slack >= f->grow_step);
+  pthread_mutex_unlock(&f->mu);
   return due;
 }
 

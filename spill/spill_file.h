@@ -49,6 +49,8 @@ int spw__spill_file_free(spw_spill_file_t *f, spw_disk_extent_t *e);
  * stretches of free space that is not a hole yet, holding the mutex only for those. Returns
  * 1 if the sweep has more to do (call again), 0 when none is due. */
 int spw__spill_file_sweep(spw_spill_file_t *f, unsigned max_punches);
+/* Whether a sweep is due or under way (what spw__spill_file_sweep would act on). */
+int spw__spill_file_sweep_due(spw_spill_file_t *f);
 
 uint64_t spw__spill_file_bytes_in_use(const spw_spill_file_t *f);
 

@@ -31,6 +31,8 @@ typedef struct ctx {
   atomic_int tidies;      /* tidy steps ended */
   atomic_int tidy_left;   /* tidy steps still to ask for more; -1: for ever */
   int tidy_ms;            /* each tidy step's length */
+  uint64_t tidy_later_ms; /* with this set, a step that asks for more asks for it this late */
+  uint64_t tidy_at_ms[4]; /* when the first steps began */
 } ctx_t;
 
 static spw_backend_t *be;
@@ -58,13 +60,16 @@ static void background(void *arg) {
   atomic_fetch_add(&x->backgrounds, 1);
 }
 
-static int tidy(void *arg) {
+static uint64_t tidy(void *arg) {
   ctx_t *x = arg;
+  int k = atomic_load(&x->tidies);
+  if (k < 4) x->tidy_at_ms[k] = test_now_ms();
   if (x->tidy_ms) test_sleep_ms(x->tidy_ms);
   atomic_fetch_add(&x->tidies, 1);
   int left = atomic_load(&x->tidy_left);
   if (left > 0) atomic_fetch_sub(&x->tidy_left, 1);
-  return left != 0;
+  if (left == 0) return SPW_TIDY_DONE;
+  return x->tidy_later_ms ? x->tidy_later_ms * 1000000u : SPW_TIDY_NOW;
 }
 
 static void discard(void *arg, spw_job_t *list) {
@@ -161,6 +166,34 @@ static void tidy_steps_run_until_they_say_they_are_done(void) {
   ASSERT_EQ(ran, 4);
 }
 
+/* The disk tier asks for its next sweep step later while it moves data: the step comes
+ * after the delay, not before, and not never. */
+static void a_tidy_step_asked_for_later_comes_after_the_delay(void) {
+  c.tidy_later_ms = 200;
+  atomic_store(&c.tidy_left, 1);
+  spw__engine_tidy(c.e);
+  for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < 5000; test_sleep_ms(1))
+    if (atomic_load(&c.tidies) == 2) break;
+  ASSERT_EQ(atomic_load(&c.tidies), 2);
+  ASSERT_TRUE(c.tidy_at_ms[1] - c.tidy_at_ms[0] >= 200);
+}
+
+/* A step asked for meanwhile runs at once, and its answer replaces the later one. */
+static void a_tidy_request_does_not_wait_for_a_later_step(void) {
+  c.tidy_later_ms = 10000;
+  atomic_store(&c.tidy_left, 1);
+  spw__engine_tidy(c.e);
+  for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < 5000; test_sleep_ms(1))
+    if (atomic_load(&c.tidies) == 1) break;
+  spw__engine_tidy(c.e);
+  for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < 5000; test_sleep_ms(1))
+    if (atomic_load(&c.tidies) == 2) break;
+  ASSERT_EQ(atomic_load(&c.tidies), 2);
+  ASSERT_TRUE(c.tidy_at_ms[1] - c.tidy_at_ms[0] < 5000);
+  test_sleep_ms(FOLLOWUP_SLEEP_MS); /* done: a third step would come now */
+  ASSERT_EQ(atomic_load(&c.tidies), 2);
+}
+
 /* Issue 17's bound again: a waiter is not held by housekeeping that never ends. It may wait
  * for the one step running in the round of the kick it waits for. */
 static void wait_idle_does_not_wait_for_tidy_steps(void) {
@@ -193,6 +226,8 @@ static const spw_test_t tests[] = {
     TEST(wait_idle_waits_for_the_jobs_the_lanes_queued_themselves),
     TEST(wait_idle_is_not_held_by_kicks_another_thread_keeps_sending),
     TEST(tidy_steps_run_until_they_say_they_are_done),
+    TEST(a_tidy_step_asked_for_later_comes_after_the_delay),
+    TEST(a_tidy_request_does_not_wait_for_a_later_step),
     TEST(wait_idle_does_not_wait_for_tidy_steps),
     TEST(a_stopping_engine_leaves_the_tidy_steps),
 };

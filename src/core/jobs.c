@@ -227,15 +227,18 @@ static void background(void *ctx) {
   if (spilled) pin_ahead(rt);
 }
 
-/* Freed disk space goes back to the file system here, a step at a time, and never on the
- * path that brings buffers back (issue 17: a whole sweep there stalled every read). It moves
- * no data, so spw_wait_idle does not wait for it (engine.h). */
-static int tidy(void *ctx) {
+/* Freed disk space goes back to the file system here, a step at a time, never on the path
+ * that brings buffers back (issue 17: a whole sweep there stalled every read), and only while
+ * the disk tier is quiet (a punch beside a transfer stalls it: disk_tier.c). It moves no
+ * data, so spw_wait_idle does not wait for it (engine.h). */
+static uint64_t tidy(void *ctx) {
   spw_runtime_t *rt = ctx;
   pthread_mutex_lock(&rt->disk_mu);
   spw_disk_t *disk = rt->disk; /* not opened for this: nothing to sweep if it is not open */
   pthread_mutex_unlock(&rt->disk_mu);
-  return disk && spw__disk_sweep(disk, SWEEP_PUNCHES_PER_STEP);
+  uint64_t later = 0;
+  if (disk && spw__disk_sweep(disk, SWEEP_PUNCHES_PER_STEP, &later)) return SPW_TIDY_NOW;
+  return later ? later : SPW_TIDY_DONE; /* later: the disk was busy, try once it is quiet */
 }
 
 static void run(void *ctx, spw_lane_t lane, spw_job_t *jobs) {
