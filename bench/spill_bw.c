@@ -18,7 +18,9 @@
  * Small-buffer variants (cuda only, sizes below 1 MiB), both directions over the raw
  * buffers, each timed with CUDA events on one stream (warm-up, then the median of `reps`):
  * one cudaMemcpyAsync per buffer; the same with a cudaEventRecord after each copy (the
- * work a single acquire of a spilled buffer enqueues, its floor); one cudaMemcpyBatchAsync
+ * work a single acquire of a spilled buffer enqueues, its floor); the first with the
+ * direction given instead of cudaMemcpyDefault (what it saves the driver: looking up where
+ * each pointer lives); one cudaMemcpyBatchAsync
  * of all of them; a gather kernel into a device staging buffer plus one copy of it to
  * pinned memory (up: one copy into the staging buffer plus a scatter kernel). The raw
  * device region holds a pattern before the D2H passes and the pinned region another before
@@ -55,8 +57,9 @@
 #include "bench_kernels.h"
 
 /* The ways spill_bw moves many small buffers itself, in table order. */
-enum { SMALL_MEMCPY, SMALL_MEMCPY_EVENT, SMALL_BATCH, SMALL_GATHER, SMALL_NVAR };
+enum { SMALL_MEMCPY, SMALL_MEMCPY_EVENT, SMALL_MEMCPY_KIND, SMALL_BATCH, SMALL_GATHER, SMALL_NVAR };
 static const char *const small_name[SMALL_NVAR] = {"per-buffer memcpy", "per-buffer memcpy + event",
+                                                   "per-buffer memcpy, kind given",
                                                    "cudaMemcpyBatchAsync", "gather+copy"};
 /* Events recorded in turn by the memcpy + event variant (an acquire records one per copy). */
 #define SMALL_EVENTS 256
@@ -285,12 +288,14 @@ static int small_teardown(small_ctx_t *x) {
 /* Enqueues one pass of variant `v` over all buffers, device to host when `down`. */
 static int small_enqueue(small_ctx_t *x, int v, int down) {
   const size_t ws = x->size * x->count;
-  if (v == SMALL_MEMCPY || v == SMALL_MEMCPY_EVENT) {
+  if (v == SMALL_MEMCPY || v == SMALL_MEMCPY_EVENT || v == SMALL_MEMCPY_KIND) {
+    /* cudaMemcpyDefault makes the driver find where each pointer lives; a caller that knows
+     * the direction can say it. */
+    enum cudaMemcpyKind down_kind = v == SMALL_MEMCPY_KIND ? cudaMemcpyDeviceToHost : cudaMemcpyDefault;
+    enum cudaMemcpyKind up_kind = v == SMALL_MEMCPY_KIND ? cudaMemcpyHostToDevice : cudaMemcpyDefault;
     for (size_t i = 0; i < x->count; i++) {
-      cudaError_t e = down ? cudaMemcpyAsync(x->hptr[i], x->dptr[i], x->size,
-                                             cudaMemcpyDefault, x->s)
-                           : cudaMemcpyAsync(x->dptr[i], x->hptr[i], x->size,
-                                             cudaMemcpyDefault, x->s);
+      cudaError_t e = down ? cudaMemcpyAsync(x->hptr[i], x->dptr[i], x->size, down_kind, x->s)
+                           : cudaMemcpyAsync(x->dptr[i], x->hptr[i], x->size, up_kind, x->s);
       if (e != cudaSuccess) return cuda_err("cudaMemcpyAsync", e);
       /* What a single unspill adds to its copy: an event others wait on (unspill_move.c). */
       if (v == SMALL_MEMCPY_EVENT &&
@@ -632,21 +637,24 @@ static void print_small_table(const result_t *r, size_t n) {
   }
   printf("\nvariants over the raw buffers, timed with CUDA events on one stream: one "
          "cudaMemcpyAsync per buffer; the same with a cudaEventRecord after each copy (what a "
-         "single acquire of a spilled buffer enqueues); one cudaMemcpyBatchAsync for all; a gather kernel into a "
+         "single acquire of a spilled buffer enqueues); the first with the direction given "
+         "(cudaMemcpyHostToDevice / DeviceToHost) instead of cudaMemcpyDefault; one "
+         "cudaMemcpyBatchAsync for all; a gather kernel into a "
          "device staging buffer + one copy to pinned memory (H2D: one copy + a scatter "
          "kernel). Spillway: the spill and prefetch columns above (wall clock, request to "
          "idle).\n");
   printf("\nthe calling thread's time to enqueue, µs per buffer (H2D): what a single acquire "
          "of a spilled buffer costs its caller (stage table: acquire: calls) next to the raw "
          "copies it stands for\n\n| size | per-buffer memcpy | per-buffer memcpy + event | "
-         "Spillway acquire: calls |\n| ---: | ---: | ---: | ---: |\n");
+         "per-buffer memcpy, kind given | Spillway acquire: calls |\n| ---: | ---: | ---: | "
+         "---: | ---: |\n");
   for (size_t i = 0; i < n; i++) {
     if (!(r[i].small_d2h[SMALL_MEMCPY] > 0)) continue;
     char sz[32];
     bench_fmt_size(r[i].size, sz, sizeof sz);
     double per = 1e6 / (double)r[i].count;
-    printf("| %s | %.3f | %.3f | %.3f |\n", sz, r[i].small_enq_h2d[SMALL_MEMCPY] * per,
-           r[i].small_enq_h2d[SMALL_MEMCPY_EVENT] * per,
+    printf("| %s | %.3f | %.3f | %.3f | %.3f |\n", sz, r[i].small_enq_h2d[SMALL_MEMCPY] * per,
+           r[i].small_enq_h2d[SMALL_MEMCPY_EVENT] * per, r[i].small_enq_h2d[SMALL_MEMCPY_KIND] * per,
            r[i].stage_s[STAGE_ACQUIRE_CALLS] * per);
   }
 }
