@@ -70,6 +70,17 @@ int bench_opt_size(int argc, char **argv, const char *name, uint64_t def, uint64
   return SPW_OK;
 }
 
+int bench_opt_size_or_zero(int argc, char **argv, const char *name, uint64_t def,
+                           uint64_t *out) {
+  const char *v = opt_value(argc, argv, name);
+  uint64_t z;
+  if (v && spw_parse_size(v, &z) == SPW_OK && z == 0) {
+    *out = 0;
+    return SPW_OK;
+  }
+  return bench_opt_size(argc, argv, name, def, out);
+}
+
 /* Splits a comma-separated option into entries parsed by `one`. */
 static int parse_list(const char *name, const char *v, int (*one)(const char *, uint64_t *),
                       const char *expected, uint64_t *out, size_t *n) {

@@ -40,6 +40,9 @@ typedef struct bench_env {
 /* ---- options ---- */
 /* Sizes accept a binary suffix: 4096, 64KiB, 64K, 1MiB, 1M, 1GiB, 1G (case-insensitive). */
 int bench_opt_size(int argc, char **argv, const char *name, uint64_t def, uint64_t *out);
+/* As bench_opt_size, for an option where 0 means "off" (stages-below, host-reserve). */
+int bench_opt_size_or_zero(int argc, char **argv, const char *name, uint64_t def,
+                           uint64_t *out);
 int bench_opt_uint(int argc, char **argv, const char *name, uint64_t def, uint64_t *out);
 /* A comma-separated list of sizes; `def` is used when the option is absent. */
 int bench_opt_size_list(int argc, char **argv, const char *name, const uint64_t *def,

@@ -253,8 +253,8 @@ int main(int argc, char **argv) {
       bench_opt_size(argc, argv, "link-bytes", cuda ? BENCH_GIB : 64 * BENCH_MIB, &link_bytes) ||
       bench_opt_uint(argc, argv, "reps", 3, &reps) ||
       bench_opt_uint(argc, argv, "max-lag", 0, &max_lag) ||
-      bench_opt_size(argc, argv, "peer-lend", 0, &peer_lend) ||
-      bench_opt_size(argc, argv, "host-reserve", 0, &host_reserve) ||
+      bench_opt_size_or_zero(argc, argv, "peer-lend", 0, &peer_lend) ||
+      bench_opt_size_or_zero(argc, argv, "host-reserve", 0, &host_reserve) ||
       bench_opt_uint(argc, argv, "lender", (uint64_t)bench_other_device(&env), &lender_dev))
     return 2;
   if (bench_opt_uint_list(argc, argv, "depth", def_depth, 1, depths, &ndepths)) return 2;

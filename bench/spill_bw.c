@@ -779,7 +779,7 @@ int main(int argc, char **argv) {
       bench_opt_size(argc, argv, "total", cuda ? BENCH_GIB : 64 * BENCH_MIB, &total) != SPW_OK ||
       bench_opt_uint(argc, argv, "max-count", cuda ? 65536 : 4096, &max_count) != SPW_OK ||
       bench_opt_uint(argc, argv, "reps", 3, &reps) != SPW_OK ||
-      bench_opt_size(argc, argv, "stages-below", BENCH_MIB, &stages_below) != SPW_OK)
+      bench_opt_size_or_zero(argc, argv, "stages-below", BENCH_MIB, &stages_below) != SPW_OK)
     return 2;
   if (reps < 1 || reps > 16 || max_count < 2) {
     fprintf(stderr, "spill_bw: reps must be 1..16 and max-count >= 2\n");
