@@ -156,11 +156,17 @@ static void wait_idle_is_not_held_by_kicks_another_thread_keeps_sending(void) {
   ASSERT_TRUE(waited < 20 * FOLLOWUP_SLEEP_MS);
 }
 
+/* Waits (5 s at most) until `n` tidy steps have ended; returns how many have. */
+static int await_tidies(int n) {
+  for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < 5000; test_sleep_ms(1))
+    if (atomic_load(&c.tidies) >= n) break;
+  return atomic_load(&c.tidies);
+}
+
 static void tidy_steps_run_until_they_say_they_are_done(void) {
   atomic_store(&c.tidy_left, 3);
   spw__engine_tidy(c.e);
-  for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < 5000; test_sleep_ms(1))
-    if (atomic_load(&c.tidies) == 4) break;
+  ASSERT_EQ(await_tidies(4), 4);
   test_sleep_ms(FOLLOWUP_SLEEP_MS); /* a fifth step would come now */
   int ran = atomic_load(&c.tidies);
   ASSERT_EQ(ran, 4);
@@ -172,9 +178,7 @@ static void a_tidy_step_asked_for_later_comes_after_the_delay(void) {
   c.tidy_later_ms = 200;
   atomic_store(&c.tidy_left, 1);
   spw__engine_tidy(c.e);
-  for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < 5000; test_sleep_ms(1))
-    if (atomic_load(&c.tidies) == 2) break;
-  ASSERT_EQ(atomic_load(&c.tidies), 2);
+  ASSERT_EQ(await_tidies(2), 2);
   ASSERT_TRUE(c.tidy_at_ms[1] - c.tidy_at_ms[0] >= 200);
 }
 
@@ -183,12 +187,9 @@ static void a_tidy_request_does_not_wait_for_a_later_step(void) {
   c.tidy_later_ms = 10000;
   atomic_store(&c.tidy_left, 1);
   spw__engine_tidy(c.e);
-  for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < 5000; test_sleep_ms(1))
-    if (atomic_load(&c.tidies) == 1) break;
+  ASSERT_EQ(await_tidies(1), 1);
   spw__engine_tidy(c.e);
-  for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < 5000; test_sleep_ms(1))
-    if (atomic_load(&c.tidies) == 2) break;
-  ASSERT_EQ(atomic_load(&c.tidies), 2);
+  ASSERT_EQ(await_tidies(2), 2);
   ASSERT_TRUE(c.tidy_at_ms[1] - c.tidy_at_ms[0] < 5000);
   test_sleep_ms(FOLLOWUP_SLEEP_MS); /* done: a third step would come now */
   ASSERT_EQ(atomic_load(&c.tidies), 2);
@@ -214,9 +215,7 @@ static void wait_idle_does_not_wait_for_tidy_steps(void) {
 static void a_stopping_engine_leaves_the_tidy_steps(void) {
   atomic_store(&c.tidy_left, -1);
   spw__engine_tidy(c.e);
-  for (uint64_t t0 = test_now_ms(); test_now_ms() - t0 < 5000; test_sleep_ms(1))
-    if (atomic_load(&c.tidies) > 0) break;
-  ASSERT_TRUE(atomic_load(&c.tidies) > 0);
+  ASSERT_TRUE(await_tidies(1) > 0);
 }
 
 static const spw_test_t tests[] = {

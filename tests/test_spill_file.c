@@ -417,6 +417,32 @@ static void test_sweep_is_bounded_per_step_and_finishes(void) {
   remove_dir(dir);
 }
 
+/* A step's punch covers at most 64 MiB: a transfer that starts during a step waits for a
+ * bounded punch, not for a whole file's worth of freed space (on a file system mounted with
+ * discard, a punch also discards its range). */
+static void test_a_punch_covers_at_most_64_mib(void) {
+  char *dir = make_dir();
+  spw_spill_file_t *f = NULL;
+  ASSERT_OK(spw__spill_file_open(dir, 0, 256 * MiB, NULL, NULL, &f));
+  spw_disk_extent_t e;
+  ASSERT_OK(spw__spill_file_alloc(f, 256 * MiB, &e));
+  ASSERT_GE(file_disk_bytes(f), 256 * MiB);
+  ASSERT_EQ(spw__spill_file_free(f, &e), 1); /* one gap of 256 MiB */
+  int steps = 0;
+  uint64_t last = file_disk_bytes(f);
+  for (int more = 1; more; steps++) {
+    more = spw__spill_file_sweep(f, 1);
+    const uint64_t now = file_disk_bytes(f);
+    ASSERT_LT(now, last);
+    ASSERT_GE(now + 64 * MiB, last); /* one punch: 64 MiB at most */
+    last = now;
+  }
+  ASSERT_EQ(steps, 4);
+  ASSERT_LT(last, 1 * MiB);
+  spw__spill_file_close(f);
+  remove_dir(dir);
+}
+
 /* Threads allocate and free at random; a page map claimed with atomic exchanges shows any
  * page handed out twice at once. */
 typedef struct stress {
@@ -728,6 +754,7 @@ static const spw_test_t tests[] = {
     TEST(test_double_free_is_ignored_and_logged),
     TEST(test_freed_space_is_punched),
     TEST(test_sweep_is_bounded_per_step_and_finishes),
+    TEST(test_a_punch_covers_at_most_64_mib),
     TEST(test_freed_space_stays_reserved_until_a_step_came_back),
     TEST(test_concurrent_alloc_free_never_overlaps),
     TEST(full_and_unusual_file_systems),
