@@ -12,6 +12,7 @@
 #include <sched.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <time.h>
 
 #include "test_main.h"
@@ -474,7 +475,94 @@ static void batch_counts_only_what_moved(void) {
   ASSERT_UEQ(st.buffers, 0);
 }
 
-static void seed(void) { rng_state = spw_test_seed(); }
+/* A request of many buffers is cut into slices that the down lane and its helpers spill at
+ * once (SPILLWAY_SPILL_HELPERS, set for this file in seed()): the slices must come out as the
+ * whole request would, with locked buffers left, frees and acquires during the run, and clean
+ * victims moving no bytes. */
+static void a_large_request_is_spilled_in_slices_and_nothing_is_lost(void) {
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.device_limit = 64 * MIB;
+  reopen_fixture(&cfg);
+  enum { N = 3 * 4096 + 100 };
+  spw_buf_t *b = calloc(N, sizeof *b);
+  size_t *size = calloc(N, sizeof *size);
+  uint8_t **want = calloc(N, sizeof *want);
+  int *gone = calloc(N, sizeof *gone);
+  ASSERT_TRUE(b && size && want && gone);
+  for (int i = 0; i < N; i++) {
+    size[i] = 64 + (size_t)(rng_next() % 193);
+    b[i] = uploaded(size[i], 9000 + (uint64_t)i, &want[i]);
+  }
+  for (int i = 0; i < N; i += 9) { /* clean: read back once */
+    spill_and_wait(b[i]);
+    void *d = NULL;
+    ASSERT_OK(spw_acquire(rt, b[i], s, SPW_ACQUIRE_READ, &d));
+    ASSERT_OK(spw_release(rt, b[i], s));
+  }
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  void *d = NULL;
+  for (int i = 1; i < N; i += 5) ASSERT_OK(spw_acquire(rt, b[i], s, SPW_ACQUIRE_READ, &d));
+  ASSERT_OK(spw_spill_n(rt, b, N, SPW_TIER_HOST));
+  /* While the slices run: frees, and writable acquires that abandon or undo their spills. */
+  for (int i = 3; i < N; i += 7) {
+    if (i % 5 == 1) continue;
+    ASSERT_OK(spw_free(rt, b[i]));
+    gone[i] = 1;
+  }
+  for (int i = 4; i < N; i += 11) {
+    if (gone[i] || i % 5 == 1) continue;
+    ASSERT_OK(spw_acquire(rt, b[i], s2, 0, &d));
+    ASSERT_OK(spw_release(rt, b[i], s2));
+  }
+  ASSERT_OK(spw_stream_synchronize(rt, s2));
+  ASSERT_OK(spw_wait_idle(rt));
+  uint64_t host = 0;
+  for (int i = 0; i < N; i++) {
+    if (gone[i]) continue;
+    spw_state_t at = state_of(rt, b[i]);
+    if (i % 5 == 1) {
+      ASSERT_EQ(at, SPW_STATE_RESIDENT); /* locked */
+    } else if (i % 11 == 4) {
+      /* Brought back by its acquire, or acquired before its slice came to it and spilled
+       * once released. */
+      ASSERT_TRUE(at == SPW_STATE_RESIDENT || at == SPW_STATE_HOST);
+      if (at == SPW_STATE_HOST) host += size[i];
+    } else {
+      ASSERT_EQ(at, SPW_STATE_HOST);
+      host += size[i];
+    }
+  }
+  ASSERT_UEQ(stats_of(rt).host_bytes, host);
+  for (int i = 1; i < N; i += 5) ASSERT_OK(spw_release(rt, b[i], s));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  /* Back in one request: the up lane cuts it into slices too. */
+  spw_buf_t *live = calloc(N, sizeof *live);
+  ASSERT_TRUE(live != NULL);
+  size_t nlive = 0;
+  for (int i = 0; i < N; i++)
+    if (!gone[i]) live[nlive++] = b[i];
+  ASSERT_OK(spw_prefetch_n(rt, live, nlive, s));
+  ASSERT_OK(spw_wait_idle(rt));
+  for (size_t k = 0; k < nlive; k++) ASSERT_EQ(state_of(rt, live[k]), SPW_STATE_RESIDENT);
+  ASSERT_UEQ(stats_of(rt).host_bytes, 0);
+  free(live);
+  for (int i = 0; i < N; i++) {
+    if (!gone[i] && (i % 13 == 0 || i % 11 == 4)) expect_contents(b[i], 0, want[i], size[i], 9000 + (uint64_t)i);
+    if (!gone[i]) ASSERT_OK(spw_free(rt, b[i]));
+    free(want[i]);
+  }
+  ASSERT_UEQ(stats_of(rt).buffers, 0);
+  ASSERT_UEQ(stats_of(rt).host_bytes, 0);
+  free(b);
+  free(size);
+  free(want);
+  free(gone);
+}
+
+static void seed(void) {
+  rng_state = spw_test_seed();
+  setenv("SPILLWAY_SPILL_HELPERS", "3", 0); /* the slices of large requests, on any machine */
+}
 
 /* ---- SPW_ALLOC_ARENA: plain memory from the pool's arenas -------------------------------- */
 
@@ -558,6 +646,7 @@ static const spw_test_t tests[] = {
     TEST(stats_summary_is_not_empty),
     TEST(try_acquire_refuses_to_bring_a_buffer_back),
     TEST(batch_counts_only_what_moved),
+    TEST(a_large_request_is_spilled_in_slices_and_nothing_is_lost),
     TEST(arena_buffers_keep_their_data_through_spills),
     TEST(arena_memory_comes_back_for_the_next_allocation),
     TEST(arena_memory_freed_while_idle_comes_back_at_once),

@@ -146,18 +146,10 @@ static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victi
   else v[(*nv)++] = one;
 }
 
-static void run_spills(spw_runtime_t *rt, const taken_t *t, size_t n) {
-  if (n == 0) return;
-  /* Host victims fill `v` from the front, disk victims from the back (vd[k] points at
-   * v[n - 1 - k]): together they never hold more than n. */
-  spw_victim_t *v = malloc(n * sizeof *v);
-  spw_victim_t **vd = malloc(n * sizeof *vd);
-  if (!v || !vd) {
-    free(v);
-    free(vd);
-    spw__set_async_error(rt, SPW_ERR_SYSTEM);
-    return;
-  }
+/* Spills t[0..n): host victims fill `v` from the front, disk victims from the back (vd[k]
+ * points at v[n - 1 - k]): together they never hold more than n. */
+static void spill_taken(spw_runtime_t *rt, const taken_t *t, size_t n, spw_victim_t *v,
+                        spw_victim_t **vd) {
   for (size_t k = 0; k < n; k++) vd[k] = &v[n - 1 - k];
   size_t nv = 0, nvd = 0;
   uint64_t begun = 0;
@@ -169,8 +161,66 @@ static void run_spills(spw_runtime_t *rt, const taken_t *t, size_t n) {
   if (begun) spw__budget_spill_started(rt, begun);
   if (nv > 0) spw__spill_batch(rt, v, nv, SPW_SPILL_EXPLICIT);
   if (nvd > 0) spw__spill_to_disk_n(rt, vd, nvd, SPW_SPILL_EXPLICIT);
+}
+
+/* A request this large is cut into slices spilled at once by the lane and its helpers; below
+ * it, waking them would cost more than it saves. */
+#define SLICE_MIN 4096
+
+/* How many slices a request of n buffers is cut into on `lane`. */
+static unsigned slice_count(const spw_runtime_t *rt, spw_lane_t lane, size_t n) {
+  size_t slice_min = SLICE_MIN;
+  const char *e = getenv("SPILLWAY_SPILL_SLICE_MIN"); /* branch par-spill: for the stress test */
+  if (e && atoi(e) > 0) slice_min = (size_t)atoi(e);
+  size_t want = n / slice_min;
+  unsigned width = spw__workers_width(rt->workers[lane]);
+  return want < 1 ? 1 : want > width ? width : (unsigned)want;
+}
+
+typedef struct slices {
+  spw_runtime_t *rt;
+  const taken_t *t;
+  size_t n;
+  unsigned count;
+  spw_victim_t *v;
+  spw_victim_t **vd;
+} slices_t;
+
+static void spill_slice(void *ctx, unsigned i) {
+  const slices_t *c = ctx;
+  size_t lo = c->n * i / c->count, hi = c->n * (i + 1) / c->count;
+  spill_taken(c->rt, c->t + lo, hi - lo, c->v + lo, c->vd + lo);
+}
+
+static void run_spills(spw_runtime_t *rt, const taken_t *t, size_t n) {
+  if (n == 0) return;
+  spw_victim_t *v = malloc(n * sizeof *v);
+  spw_victim_t **vd = malloc(n * sizeof *vd);
+  if (!v || !vd) {
+    free(v);
+    free(vd);
+    spw__set_async_error(rt, SPW_ERR_SYSTEM);
+    return;
+  }
+  /* Spill batches already run side by side (a spill on demand beside the lane's): the
+   * slices are disjoint, and each is one as the whole was. */
+  slices_t c = {rt, t, n, slice_count(rt, SPW_LANE_DOWN, n), v, vd};
+  spw__workers_run(rt->workers[SPW_LANE_DOWN], spill_slice, &c, c.count);
   free(v);
   free(vd);
+}
+
+typedef struct prefetch_slices {
+  spw_runtime_t *rt;
+  const spw_buf_t *hs;
+  size_t n;
+  unsigned count;
+} prefetch_slices_t;
+
+static void prefetch_slice(void *ctx, unsigned i) {
+  const prefetch_slices_t *c = ctx;
+  size_t lo = c->n * i / c->count, hi = c->n * (i + 1) / c->count;
+  spw__prefetch_batch(c->rt, c->hs + lo, hi - lo, 1);
 }
 
 static void run_prefetches(spw_runtime_t *rt, const taken_t *t, size_t n) {
@@ -181,7 +231,10 @@ static void run_prefetches(spw_runtime_t *rt, const taken_t *t, size_t n) {
     return;
   }
   for (size_t i = 0; i < n; i++) all[i] = t[i].h;
-  spw__prefetch_batch(rt, all, n, 1);
+  /* The host tier's part in slices, as run_spills does; the disk's after it, on this
+   * thread (one staging pipeline: slices would only take turns). */
+  prefetch_slices_t c = {rt, all, n, slice_count(rt, SPW_LANE_UP, n)};
+  spw__workers_run(rt->workers[SPW_LANE_UP], prefetch_slice, &c, c.count);
   spw__prefetch_from_disk(rt, all, n, 1);
   free(all);
 }

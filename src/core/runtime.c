@@ -10,9 +10,21 @@
 #include "peer.h"
 
 #include <stdlib.h>
+#include <unistd.h>
 
 #include "clock.h"
 #include "jobs.h"
+
+/* Helpers beside each lane for large requests: the per-buffer work of a move (claim, host
+ * extent or device block, copy descriptor, commit) is CPU work, about 0.2 µs a 4 KiB buffer
+ * on an H100 machine, where the host link would take 0.08 (docs/benchmarks.md, issue 20).
+ * Up to three a lane, leaving most cores to the application. */
+static unsigned lane_helpers(void) {
+  const char *e = getenv("SPILLWAY_SPILL_HELPERS"); /* branch par-spill: for measuring */
+  if (e && *e >= '0' && *e <= '9') return (unsigned)(atoi(e) > 15 ? 15 : atoi(e));
+  long cores = sysconf(_SC_NPROCESSORS_ONLN);
+  return cores >= 8 ? 3 : cores >= 4 ? 1 : 0;
+}
 
 static int open_backend(spw_runtime_t *rt) {
   spw_backend_params_t p = {.device = rt->settings.device,
@@ -91,6 +103,10 @@ static void close_parts(spw_runtime_t *rt) {
   spw__ipc_server_stop(rt); /* it reads buffers and the stable pool */
   spw__engine_stop(rt->engine);
   rt->engine = NULL;
+  for (int i = 0; i < 2; i++) { /* after the lanes that run them */
+    spw__workers_stop(rt->workers[i]);
+    rt->workers[i] = NULL;
+  }
   spw__completions_stop(rt->completions);
   rt->completions = NULL;
   spw__trace_close(rt->trace); /* nothing adds events any more */
@@ -175,6 +191,8 @@ int spw__runtime_open(const spw_settings_t *settings, void (*armed)(spw_backend_
   }
   /* A trace that cannot be written is logged and left out: it must not stop the program. */
   if (st == SPW_OK) (void)spw__trace_open(rt, &rt->trace);
+  for (int i = 0; i < 2 && st == SPW_OK; i++)
+    if (spw__workers_start(lane_helpers(), &rt->workers[i]) != 0) st = SPW_ERR_SYSTEM;
   if (st == SPW_OK) {
     spw_engine_work_t work = spw__jobs_work(rt);
     st = spw__engine_start(rt->ops, rt->be, &work, &rt->engine);
@@ -205,6 +223,10 @@ static void destroy_owned_stream(spw_stream_entry_t *e, void *arg) {
 void spw__runtime_close(spw_runtime_t *rt) {
   spw__engine_stop(rt->engine);
   rt->engine = NULL;
+  for (int i = 0; i < 2; i++) {
+    spw__workers_stop(rt->workers[i]);
+    rt->workers[i] = NULL;
+  }
   spw__completions_stop(rt->completions);
   rt->completions = NULL;
   /* Whatever buffers are left, in every tier: nothing can touch them any more. */

@@ -42,6 +42,7 @@
 #include "stable_pool.h"
 #include "stream_table.h"
 #include "trace.h"
+#include "workers.h"
 
 typedef struct spw_peer_link spw_peer_link_t; /* peer.h */
 
@@ -101,6 +102,7 @@ struct spw_runtime {
   spw_dpool_t *dpool;
   spw_stable_t *stable; /* address ranges and chunks of address-stable buffers */
   spw_engine_t *engine;
+  spw_workers_t *workers[2]; /* helpers of each lane's large requests (jobs.c) */
   spw_completions_t *completions;
   spw_event_pool_t events;
   spw_trace_t *trace; /* NULL unless SPILLWAY_TRACE: every hook is `if (rt->trace)` */
