@@ -20,7 +20,7 @@ static const char *const all_vars[] = {
     "SPILLWAY_DEVICE",      "SPILLWAY_BACKEND",        "SPILLWAY_DEVICE_LIMIT",
     "SPILLWAY_HOST_LIMIT",  "SPILLWAY_DISK_LIMIT",     "SPILLWAY_SPILL_DIR",
     "SPILLWAY_IO",          "SPILLWAY_HIGH_WATERMARK", "SPILLWAY_LOW_WATERMARK",
-    "SPILLWAY_LOG_LEVEL",   "SPILLWAY_HOST_DEVICE_BYTES",
+    "SPILLWAY_LOG_LEVEL",   "SPILLWAY_HOST_DEVICE_BYTES", "SPILLWAY_ENGINE_HELPERS",
 };
 
 static const char *saved_tmpdir;
@@ -324,6 +324,43 @@ static void bad_host_device_bytes_values_are_rejected(void) {
   expect_env_rejected("SPILLWAY_HOST_DEVICE_BYTES", "0");
   expect_env_rejected("SPILLWAY_HOST_DEVICE_BYTES", "50%");
   expect_env_rejected("SPILLWAY_HOST_DEVICE_BYTES", "1GiB1");
+}
+
+static void engine_helpers_default_to_auto_and_take_a_count(void) {
+  spw_settings_t s;
+  ASSERT_OK(resolve_env(&s));
+  ASSERT_EQ(s.engine_helpers, -1);
+  set_and_resolve("SPILLWAY_ENGINE_HELPERS", " 7 ", &s);
+  ASSERT_EQ(s.engine_helpers, 7);
+  set_and_resolve("SPILLWAY_ENGINE_HELPERS", "0", &s);
+  ASSERT_EQ(s.engine_helpers, 0);
+  set_and_resolve("SPILLWAY_ENGINE_HELPERS", "AUTO", &s);
+  ASSERT_EQ(s.engine_helpers, -1);
+  unsetenv("SPILLWAY_ENGINE_HELPERS");
+  spw_config_t c = SPW_CONFIG_INIT;
+  c.engine_helpers = -1; /* none, and it beats the environment */
+  setenv("SPILLWAY_ENGINE_HELPERS", "5", 1);
+  ASSERT_OK(resolve(&c, &s));
+  ASSERT_EQ(s.engine_helpers, 0);
+  c.engine_helpers = 15;
+  ASSERT_OK(resolve(&c, &s));
+  ASSERT_EQ(s.engine_helpers, 15);
+  unsetenv("SPILLWAY_ENGINE_HELPERS");
+}
+
+static void bad_engine_helpers_values_are_rejected(void) {
+  expect_env_rejected("SPILLWAY_ENGINE_HELPERS", "16");
+  expect_env_rejected("SPILLWAY_ENGINE_HELPERS", "-1");
+  expect_env_rejected("SPILLWAY_ENGINE_HELPERS", "3x");
+  expect_env_rejected("SPILLWAY_ENGINE_HELPERS", "0004");
+  spw_settings_t s;
+  spw_config_t c = SPW_CONFIG_INIT;
+  c.engine_helpers = 16;
+  ASSERT_STATUS(resolve(&c, &s), SPW_ERR_CONFIG);
+  ASSERT_ERR_HAS("config.engine_helpers=16");
+  c.engine_helpers = -2;
+  ASSERT_STATUS(resolve(&c, &s), SPW_ERR_CONFIG);
+  ASSERT_ERR_HAS("config.engine_helpers=-2");
 }
 
 /* ---- the size parser ---------------------------------------------------------------- */
@@ -700,6 +737,8 @@ static const spw_test_t tests[] = {
     TEST(bad_watermark_values_are_rejected),
     TEST(bad_log_level_values_are_rejected),
     TEST(bad_host_device_bytes_values_are_rejected),
+    TEST(engine_helpers_default_to_auto_and_take_a_count),
+    TEST(bad_engine_helpers_values_are_rejected),
     TEST(size_parser_accepts_units_and_decimals),
     TEST(size_parser_rejects_garbage),
     TEST(size_parser_rejects_overflow),

@@ -476,7 +476,7 @@ static void batch_counts_only_what_moved(void) {
 }
 
 /* A request of many buffers is cut into slices that the down lane and its helpers spill at
- * once (SPILLWAY_SPILL_HELPERS, set for this file in seed()): the slices must come out as the
+ * once (SPILLWAY_ENGINE_HELPERS, set for this file in seed()): the slices must come out as the
  * whole request would, with locked buffers left, frees and acquires during the run, and clean
  * victims moving no bytes. */
 static void a_large_request_is_spilled_in_slices_and_nothing_is_lost(void) {
@@ -561,7 +561,7 @@ static void a_large_request_is_spilled_in_slices_and_nothing_is_lost(void) {
 
 static void seed(void) {
   rng_state = spw_test_seed();
-  setenv("SPILLWAY_SPILL_HELPERS", "3", 0); /* the slices of large requests, on any machine */
+  setenv("SPILLWAY_ENGINE_HELPERS", "3", 0); /* the slices of large requests, on any machine */
 }
 
 /* ---- SPW_ALLOC_ARENA: plain memory from the pool's arenas -------------------------------- */

@@ -213,13 +213,18 @@ typedef struct spw_config {
                                  spw_alloc gives address-stable buffers (default off) */
   spw_ipc_mode_t ipc;         /* SPILLWAY_IPC=0|1|off|on: whether buffers can be exported
                                  to other processes (spw_ipc_export; default off) */
+  int engine_helpers;         /* SPILLWAY_ENGINE_HELPERS=auto|0..15: threads beside each of
+                                 the engine's two workers that move the slices of a large
+                                 spill or prefetch request at once; in the field -1 means
+                                 none, 1 to 15 that many, 0 unset; default auto (3 with 8
+                                 cores or more, 1 with 4 or more, else none) */
 } spw_config_t;
 
 #define SPW_CONFIG_IGNORE_ENV 0x1u /* use only the struct and the built-in defaults */
 
 #define SPW_CONFIG_INIT {sizeof(spw_config_t), 0, SPW_BACKEND_AUTO, 0, 0, 0, NULL, SPW_IO_AUTO, \
                          0.0, 0.0, SPW_LOG_DEFAULT, 0, 0, NULL, 0, SPW_STABLE_DEFAULT, \
-                         SPW_IPC_DEFAULT}
+                         SPW_IPC_DEFAULT, 0}
 
 /* ---------------------------------------------------------------------------------------
  * Runtime lifecycle

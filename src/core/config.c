@@ -542,6 +542,35 @@ static int resolve_ipc(const spw_config_t *c, spw_settings_t *s, char *err, size
   return st;
 }
 
+#define MAX_ENGINE_HELPERS 15
+
+static int resolve_helpers(const spw_config_t *c, spw_settings_t *s, char *err, size_t errlen) {
+  if (c->engine_helpers != 0) {
+    if (c->engine_helpers < -1 || c->engine_helpers > MAX_ENGINE_HELPERS)
+      return fail(SPW_ERR_CONFIG, err, errlen,
+                  "config.engine_helpers=%d: expected -1 (none) or 1 to %d (0: unset)",
+                  c->engine_helpers, MAX_ENGINE_HELPERS);
+    s->engine_helpers = c->engine_helpers < 0 ? 0 : c->engine_helpers;
+    return SPW_OK;
+  }
+  s->engine_helpers = -1;
+  const char *v = env_get(c->flags, "SPILLWAY_ENGINE_HELPERS");
+  if (!v) return SPW_OK;
+  const char *b;
+  size_t n;
+  trim(v, &b, &n);
+  if (n == 4 && strncasecmp(b, "auto", 4) == 0) return SPW_OK;
+  int k = 0;
+  size_t i = 0;
+  for (; i < n && i < 3 && b[i] >= '0' && b[i] <= '9'; i++) k = k * 10 + (b[i] - '0');
+  if (n == 0 || i != n || k > MAX_ENGINE_HELPERS)
+    return fail(SPW_ERR_CONFIG, err, errlen,
+                "SPILLWAY_ENGINE_HELPERS='%s': expected auto or a count from 0 to %d", v,
+                MAX_ENGINE_HELPERS);
+  s->engine_helpers = k;
+  return SPW_OK;
+}
+
 int spw__config_resolve(const spw_config_t *cfg, spw_settings_t *out, char *err,
                         size_t errlen) {
   if (err && errlen > 0) err[0] = '\0';
@@ -566,6 +595,7 @@ int spw__config_resolve(const spw_config_t *cfg, spw_settings_t *out, char *err,
     SPW_WHOLE_FIELD(trace_max_bytes);
     SPW_WHOLE_FIELD(stable_addresses);
     SPW_WHOLE_FIELD(ipc);
+    SPW_WHOLE_FIELD(engine_helpers);
 #undef SPW_WHOLE_FIELD
     if (c.flags & ~SPW_CONFIG_IGNORE_ENV)
       return fail(SPW_ERR_INVALID_ARG, err, errlen, "config.flags=0x%x: unknown flag bits",
@@ -585,6 +615,7 @@ int spw__config_resolve(const spw_config_t *cfg, spw_settings_t *out, char *err,
   if ((st = resolve_trace(&c, &s, err, errlen))) return st;
   if ((st = resolve_stable(&c, &s, err, errlen))) return st;
   if ((st = resolve_ipc(&c, &s, err, errlen))) return st;
+  if ((st = resolve_helpers(&c, &s, err, errlen))) return st;
   *out = s;
   return SPW_OK;
 }

@@ -35,6 +35,7 @@ typedef struct spw_settings {
   uint64_t trace_max;            /* bytes, never 0 */
   int stable_addresses;          /* spw_alloc gives address-stable buffers */
   int ipc;                       /* device memory exportable through CUDA IPC */
+  int engine_helpers;            /* per engine worker: -1 = auto (by the cores), else 0..15 */
 } spw_settings_t;
 
 /* Resolves `cfg` (NULL = all defaults) and the environment into `out`. On failure `out` is

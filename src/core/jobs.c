@@ -169,10 +169,7 @@ static void spill_taken(spw_runtime_t *rt, const taken_t *t, size_t n, spw_victi
 
 /* How many slices a request of n buffers is cut into on `lane`. */
 static unsigned slice_count(const spw_runtime_t *rt, spw_lane_t lane, size_t n) {
-  size_t slice_min = SLICE_MIN;
-  const char *e = getenv("SPILLWAY_SPILL_SLICE_MIN"); /* branch par-spill: for the stress test */
-  if (e && atoi(e) > 0) slice_min = (size_t)atoi(e);
-  size_t want = n / slice_min;
+  size_t want = n / (rt->slice_min ? rt->slice_min : SLICE_MIN);
   unsigned width = spw__workers_width(rt->workers[lane]);
   return want < 1 ? 1 : want > width ? width : (unsigned)want;
 }

@@ -18,10 +18,9 @@
 /* Helpers beside each lane for large requests: the per-buffer work of a move (claim, host
  * extent or device block, copy descriptor, commit) is CPU work, about 0.2 µs a 4 KiB buffer
  * on an H100 machine, where the host link would take 0.08 (docs/benchmarks.md, issue 20).
- * Up to three a lane, leaving most cores to the application. */
-static unsigned lane_helpers(void) {
-  const char *e = getenv("SPILLWAY_SPILL_HELPERS"); /* branch par-spill: for measuring */
-  if (e && *e >= '0' && *e <= '9') return (unsigned)(atoi(e) > 15 ? 15 : atoi(e));
+ * By default up to three a lane, leaving most cores to the application. */
+static unsigned lane_helpers(const spw_settings_t *s) {
+  if (s->engine_helpers >= 0) return (unsigned)s->engine_helpers;
   long cores = sysconf(_SC_NPROCESSORS_ONLN);
   return cores >= 8 ? 3 : cores >= 4 ? 1 : 0;
 }
@@ -191,8 +190,10 @@ int spw__runtime_open(const spw_settings_t *settings, void (*armed)(spw_backend_
   }
   /* A trace that cannot be written is logged and left out: it must not stop the program. */
   if (st == SPW_OK) (void)spw__trace_open(rt, &rt->trace);
+  const char *slice_min = getenv("SPILLWAY_TEST_SLICE_MIN");
+  if (slice_min && atol(slice_min) > 0) rt->slice_min = (size_t)atol(slice_min);
   for (int i = 0; i < 2 && st == SPW_OK; i++)
-    if (spw__workers_start(lane_helpers(), &rt->workers[i]) != 0) st = SPW_ERR_SYSTEM;
+    if (spw__workers_start(lane_helpers(&rt->settings), &rt->workers[i]) != 0) st = SPW_ERR_SYSTEM;
   if (st == SPW_OK) {
     spw_engine_work_t work = spw__jobs_work(rt);
     st = spw__engine_start(rt->ops, rt->be, &work, &rt->engine);

@@ -103,6 +103,8 @@ struct spw_runtime {
   spw_stable_t *stable; /* address ranges and chunks of address-stable buffers */
   spw_engine_t *engine;
   spw_workers_t *workers[2]; /* helpers of each lane's large requests (jobs.c) */
+  size_t slice_min;          /* 0, or SPILLWAY_TEST_SLICE_MIN: requests of twice this many
+                                buffers go in slices (tests force slices on small ones) */
   spw_completions_t *completions;
   spw_event_pool_t events;
   spw_trace_t *trace; /* NULL unless SPILLWAY_TRACE: every hook is `if (rt->trace)` */
