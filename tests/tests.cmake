@@ -10,6 +10,7 @@ spw_unit_test(test_disk_io)
 spw_unit_test(test_stream_table)
 spw_unit_test(test_completions)
 spw_unit_test(test_engine) # the lanes: what spw__engine_wait_idle waits for
+spw_unit_test(test_workers) # the lanes' helpers: every part once, runs take turns
 spw_unit_test(test_stable_pool) # address-stable buffers' ranges, counted maps, chunk pool
 
 # The public API, as an application sees it, on both backends.
