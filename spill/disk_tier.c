@@ -152,12 +152,12 @@ int spw__disk_free(spw_disk_t *d, spw_disk_extent_t *e) {
 }
 
 int spw__disk_sweep(spw_disk_t *d, unsigned max_punches, uint64_t *later_ns) {
-  *later_ns = 0;
-  if (!spw__spill_file_sweep_due(d->file)) return 0;
+  if (later_ns) *later_ns = 0;
+  if (!d || !spw__spill_file_sweep_due(d->file)) return 0;
   pthread_mutex_lock(&d->mu);
   uint64_t quiet = spw__now_ns() - d->quiet_since;
   if (d->moving > 0 || quiet < d->quiet_ns) {
-    *later_ns = d->moving > 0 ? d->quiet_ns : d->quiet_ns - quiet;
+    if (later_ns) *later_ns = d->moving > 0 ? d->quiet_ns : d->quiet_ns - quiet;
     pthread_mutex_unlock(&d->mu);
     return 0;
   }

@@ -85,7 +85,8 @@ int spw__disk_free(spw_disk_t *d, spw_disk_extent_t *e);
  * due and the tier has moved nothing for `quiet_ns`: a punch beside a transfer would stall
  * it. Transfers that start meanwhile wait for the step. Never call it on a path that brings
  * buffers back. Returns 1 if more steps are due now; 0 otherwise, with *later_ns the time
- * after which to try again when the step waited for quiet (else 0). */
+ * after which to try again when the step waited for quiet (else 0; later_ns may be NULL).
+ * A NULL tier has nothing due. */
 int spw__disk_sweep(spw_disk_t *d, unsigned max_punches, uint64_t *later_ns);
 
 /* Bytes of the spill file in use, and its limit (0: none). */

@@ -529,6 +529,12 @@ static void sweep(spw_spill_file_t *f, deferred_log_t *dl) {
  * step waits for a bounded one, not for a whole file's worth of freed space. */
 #define PUNCH_MAX ((uint64_t)64 << 20)
 
+/* Under f->mu. A step is due while a sweep is under way, or once a grow step of freed space
+ * has come back since the last one. */
+static int sweep_is_due(const spw_spill_file_t *f) {
+  return !f->no_fallocate && (f->sweeping || f->slack >= f->grow_step);
+}
+
 /* One step of a sweep: punches at most `max` gaps (free space that is not a hole; each cut
  * to PUNCH_MAX) at or above sweep_at, each becoming a hole at once. Returns 1 if gaps are
  * left. */
@@ -663,7 +669,7 @@ int spw__spill_file_free(spw_spill_file_t *f, spw_disk_extent_t *e) {
     e->off = 0;
     e->bytes = 0;
   }
-  int due = !f->no_fallocate && (f->sweeping || f->slack >= f->grow_step);
+  int due = sweep_is_due(f);
   pthread_mutex_unlock(&f->mu);
   flush_log(f, &dl);
   return due;
@@ -672,7 +678,7 @@ int spw__spill_file_free(spw_spill_file_t *f, spw_disk_extent_t *e) {
 int spw__spill_file_sweep_due(spw_spill_file_t *f) {
   if (!f) return 0;
   pthread_mutex_lock(&f->mu);
-  int due = !f->no_fallocate && (f->sweeping || f->slack >= f->grow_step);
+  int due = sweep_is_due(f);
   pthread_mutex_unlock(&f->mu);
   return due;
 }
