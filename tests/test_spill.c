@@ -559,6 +559,51 @@ static void a_large_request_is_spilled_in_slices_and_nothing_is_lost(void) {
   free(gone);
 }
 
+/* An acquire_n of many spilled buffers brings them back in slices, the caller's thread with
+ * the up lane's helpers, while the lane brings back a prefetch of others in slices too: the
+ * two runs take turns, and every buffer comes back with its bytes. */
+static void an_acquire_n_of_many_spilled_buffers_comes_back_in_slices_beside_a_prefetch(void) {
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.device_limit = 64 * MIB;
+  reopen_fixture(&cfg);
+  enum { N = 2 * 9000 }; /* halves of 9000: two slices each (SLICE_MIN 4096, runtime.c) */
+  spw_buf_t *b = calloc(N, sizeof *b), *even = calloc(N / 2, sizeof *even),
+            *odd = calloc(N / 2, sizeof *odd);
+  size_t *size = calloc(N, sizeof *size);
+  uint8_t **want = calloc(N, sizeof *want);
+  void **ptrs = calloc(N / 2, sizeof *ptrs);
+  ASSERT_TRUE(b && even && odd && size && want && ptrs);
+  for (int i = 0; i < N; i++) {
+    size[i] = 64 + (size_t)(rng_next() % 193);
+    b[i] = uploaded(size[i], 7000 + (uint64_t)i, &want[i]);
+    (i % 2 ? odd : even)[i / 2] = b[i];
+  }
+  ASSERT_OK(spw_spill_n(rt, b, N, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_prefetch_n(rt, odd, N / 2, s2));
+  ASSERT_OK(spw_acquire_n(rt, even, N / 2, s, 0, ptrs));
+  for (int k = 0; k < N / 2; k++) {
+    ASSERT_TRUE(ptrs[k] != NULL);
+    ASSERT_EQ(state_of(rt, even[k]), SPW_STATE_RESIDENT);
+  }
+  ASSERT_OK(spw_stream_synchronize(rt, s)); /* releases the acquire_n's locks */
+  ASSERT_OK(spw_wait_idle(rt));
+  for (int k = 0; k < N / 2; k++) ASSERT_EQ(state_of(rt, odd[k]), SPW_STATE_RESIDENT);
+  ASSERT_UEQ(stats_of(rt).host_bytes, 0);
+  for (int i = 0; i < N; i++) {
+    if (i % 7 == 0 || i % 7 == 1) expect_contents(b[i], 0, want[i], size[i], 7000 + (uint64_t)i);
+    ASSERT_OK(spw_free(rt, b[i]));
+    free(want[i]);
+  }
+  ASSERT_UEQ(stats_of(rt).buffers, 0);
+  free(b);
+  free(even);
+  free(odd);
+  free(size);
+  free(want);
+  free(ptrs);
+}
+
 static void seed(void) {
   rng_state = spw_test_seed();
   setenv("SPILLWAY_ENGINE_HELPERS", "3", 0); /* the slices of large requests, on any machine */
@@ -647,6 +692,7 @@ static const spw_test_t tests[] = {
     TEST(try_acquire_refuses_to_bring_a_buffer_back),
     TEST(batch_counts_only_what_moved),
     TEST(a_large_request_is_spilled_in_slices_and_nothing_is_lost),
+    TEST(an_acquire_n_of_many_spilled_buffers_comes_back_in_slices_beside_a_prefetch),
     TEST(arena_buffers_keep_their_data_through_spills),
     TEST(arena_memory_comes_back_for_the_next_allocation),
     TEST(arena_memory_freed_while_idle_comes_back_at_once),

@@ -176,17 +176,6 @@ static void spill_taken(spw_runtime_t *rt, const taken_t *t, size_t n, spw_victi
   if (nvd > 0) spw__spill_to_disk_n(rt, vd, nvd, SPW_SPILL_EXPLICIT);
 }
 
-/* A request this large is cut into slices spilled at once by the lane and its helpers; below
- * it, waking them would cost more than it saves. */
-#define SLICE_MIN 4096
-
-/* How many slices a request of n buffers is cut into on `lane`. */
-static unsigned slice_count(const spw_runtime_t *rt, spw_lane_t lane, size_t n) {
-  size_t want = n / (rt->slice_min ? rt->slice_min : SLICE_MIN);
-  unsigned width = spw__workers_width(rt->workers[lane]);
-  return want < 1 ? 1 : want > width ? width : (unsigned)want;
-}
-
 typedef struct slices {
   spw_runtime_t *rt;
   const taken_t *t;
@@ -214,23 +203,10 @@ static void run_spills(spw_runtime_t *rt, const taken_t *t, size_t n) {
   }
   /* Spill batches already run side by side (a spill on demand beside the lane's): the
    * slices are disjoint, and each is one as the whole was. */
-  slices_t c = {rt, t, n, slice_count(rt, SPW_LANE_DOWN, n), v, vd};
+  slices_t c = {rt, t, n, spw__slice_count(rt, SPW_LANE_DOWN, n), v, vd};
   spw__workers_run(rt->workers[SPW_LANE_DOWN], spill_slice, &c, c.count);
   free(v);
   free(vd);
-}
-
-typedef struct prefetch_slices {
-  spw_runtime_t *rt;
-  const spw_buf_t *hs;
-  size_t n;
-  unsigned count;
-} prefetch_slices_t;
-
-static void prefetch_slice(void *ctx, unsigned i) {
-  const prefetch_slices_t *c = ctx;
-  size_t lo = c->n * i / c->count, hi = c->n * (i + 1) / c->count;
-  spw__prefetch_batch(c->rt, c->hs + lo, hi - lo, 1);
 }
 
 static void run_prefetches(spw_runtime_t *rt, const taken_t *t, size_t n) {
@@ -243,8 +219,7 @@ static void run_prefetches(spw_runtime_t *rt, const taken_t *t, size_t n) {
   for (size_t i = 0; i < n; i++) all[i] = t[i].h;
   /* The host tier's part in slices, as run_spills does; the disk's after it, on this
    * thread (one staging pipeline: slices would only take turns). */
-  prefetch_slices_t c = {rt, all, n, slice_count(rt, SPW_LANE_UP, n)};
-  spw__workers_run(rt->workers[SPW_LANE_UP], prefetch_slice, &c, c.count);
+  spw__prefetch_sliced(rt, all, n, 1);
   spw__prefetch_from_disk(rt, all, n, 1);
   free(all);
 }

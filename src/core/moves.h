@@ -78,6 +78,11 @@ int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, un
  * buffers brought back count as prefetched, and once no room is left the rest stay where
  * they are (stats.prefetch_dropped). Returns how many moved. */
 size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint);
+/* spw__prefetch_batch over hs, a large request cut into slices that the up lane's helpers
+ * bring back at once with the calling thread (spw__slice_count); it waits for a sliced run
+ * of the up lane under way. Never call it from one of those helpers. Returns how many
+ * moved. */
+size_t spw__prefetch_sliced(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint);
 
 /* ---- victims.c ---- */
 /* Spills least-recently-used unlocked buffers (the controller's choices first) until

@@ -282,6 +282,16 @@ spw_disk_t *spw__disk(spw_runtime_t *rt, int *status) {
   return d;
 }
 
+/* A request this large is cut into slices moved at once by a lane and its helpers; below
+ * it, waking them would cost more than it saves. */
+#define SLICE_MIN 4096
+
+unsigned spw__slice_count(const spw_runtime_t *rt, spw_lane_t lane, size_t n) {
+  size_t want = n / (rt->slice_min ? rt->slice_min : SLICE_MIN);
+  unsigned width = spw__workers_width(rt->workers[lane]);
+  return want < 1 ? 1 : want > width ? width : (unsigned)want;
+}
+
 void spw__inject_fault(spw_runtime_t *rt, spw_fault_t f, uint32_t count) {
   spw__faults_arm(rt->be, f, 0, count);
 }

@@ -168,6 +168,10 @@ static inline int spw__in_callback(spw_runtime_t *rt) {
   return t && t->callback_depth > 0;
 }
 
+/* How many slices a request of n buffers on `lane` is cut into (runtime.c): one below
+ * twice the slice minimum, else up to the lane's helpers and the caller. */
+unsigned spw__slice_count(const spw_runtime_t *rt, spw_lane_t lane, size_t n);
+
 /* ---- the engine's streams ---- */
 static inline spw_stream_t spw__d2h(spw_runtime_t *rt) {
   return spw__engine_stream(rt->engine, SPW_LANE_DOWN);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The unspill moves, host -> device: one buffer for an acquire (stream-ordered: the
  * caller's host thread does not wait for the copy), or a prefetch batch (pipelined parts,
- * each marked resident once its copy has completed).
+ * each marked resident once its copy has completed), a large one in slices that the up
+ * lane's helpers bring back beside the calling thread.
  *
  * For an acquire, the copy is the acquiring stream's own work: device memory is allocated
  * on that stream, one cudaMemcpyAsync enqueued there, and the slot's `ready` event recorded
@@ -252,4 +253,29 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int
   if (dropped) atomic_fetch_add_explicit(&rt->c.prefetch_dropped, dropped, memory_order_relaxed);
   free(r.it);
   return r.moved;
+}
+
+/* ---- in slices ---- */
+
+typedef struct up_slices {
+  spw_runtime_t *rt;
+  const spw_buf_t *hs;
+  size_t n;
+  unsigned count;
+  int hint;
+  atomic_size_t moved;
+} up_slices_t;
+
+static void up_slice(void *ctx, unsigned i) {
+  up_slices_t *c = ctx;
+  size_t lo = c->n * i / c->count, hi = c->n * (i + 1) / c->count;
+  atomic_fetch_add(&c->moved, spw__prefetch_batch(c->rt, c->hs + lo, hi - lo, c->hint));
+}
+
+size_t spw__prefetch_sliced(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint) {
+  unsigned count = spw__slice_count(rt, SPW_LANE_UP, n);
+  if (count <= 1) return spw__prefetch_batch(rt, hs, n, hint);
+  up_slices_t c = {rt, hs, n, count, hint, 0};
+  spw__workers_run(rt->workers[SPW_LANE_UP], up_slice, &c, count);
+  return atomic_load(&c.moved);
 }
