@@ -215,7 +215,8 @@ typedef struct spw_config {
                                  to other processes (spw_ipc_export; default off) */
   int engine_helpers;         /* SPILLWAY_ENGINE_HELPERS=auto|0..15: threads beside each of
                                  the engine's two workers that move the slices of a large
-                                 spill or prefetch request at once; in the field -1 means
+                                 spill or prefetch request (or of an spw_acquire_n's batch
+                                 from host) at once; in the field -1 means
                                  none, 1 to 15 that many, 0 unset; default auto (3 with 8
                                  cores or more, 1 with 4 or more, else none) */
 } spw_config_t;
@@ -451,8 +452,9 @@ SPW_API SPW_NODISCARD int spw_acquire(spw_runtime_t *rt, spw_buf_t buf, spw_stre
 /* Acquires `n` buffers on one stream, all or nothing: on error no lock is held and `dptrs`
  * is untouched. A handle may appear more than once (it is locked that many times). Buffers
  * on host come back first as one batch, and those on disk as another (the calling thread
- * blocks for their reads), unless flags has SPW_ACQUIRE_TRY. Thread-safe; errors as
- * spw_acquire. */
+ * blocks for their reads), unless flags has SPW_ACQUIRE_TRY; a batch of thousands from host
+ * is cut into slices that the engine's helpers bring back with the calling thread
+ * (config.engine_helpers). Thread-safe; errors as spw_acquire. */
 SPW_API SPW_NODISCARD int spw_acquire_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n,
                                         spw_stream_t stream, unsigned flags, void **dptrs);
 
