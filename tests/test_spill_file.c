@@ -434,7 +434,10 @@ static void test_a_punch_covers_at_most_64_mib(void) {
     more = spw__spill_file_sweep(f, 1);
     const uint64_t now = file_disk_bytes(f);
     ASSERT_LT(now, last);
-    ASSERT_GE(now + 64 * MiB, last); /* one punch: 64 MiB at most */
+    /* One punch: 64 MiB at most. The block count also holds the file system's own
+     * metadata: a punch that splits an extent can free an extent-tree block with it (seen
+     * once: 64 MiB + 4 KiB), so a little slack, far below a second punch. */
+    ASSERT_GE(now + 64 * MiB + 256 * 1024, last);
     last = now;
   }
   ASSERT_EQ(steps, 4);
