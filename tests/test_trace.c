@@ -300,6 +300,46 @@ static void a_batch_is_one_slice(void) {
   ASSERT_EQ(count(&t, "spill", "\"bytes\":1048576,\"buffers\":16,"), 1);
 }
 
+/* A request large enough for slices (here: 16 buffers, the slices forced down to 4 with 3
+ * helpers a lane) is moved as one batch per slice, each its own event: a spill request, a
+ * prefetch request and an acquire_n of spilled buffers alike. */
+static void a_large_request_is_one_slice_per_helper_and_the_lane(void) {
+  char path[300];
+  in_dir(path, "t.json");
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.device_limit = 8 * MIB;
+  cfg.host_device_bytes = 64 * MIB;
+  cfg.spill_dir = dir;
+  cfg.io = SPW_IO_POSIX;
+  cfg.high_watermark = 1.0;
+  cfg.low_watermark = 0.9;
+  cfg.trace_path = path;
+  cfg.engine_helpers = 3;
+  setenv("SPILLWAY_TEST_SLICE_MIN", "4", 1); /* read once, when the runtime is created */
+  spw_runtime_t *rt = test_runtime(&cfg);
+  unsetenv("SPILLWAY_TEST_SLICE_MIN");
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b[16];
+  void *d[16];
+  for (int i = 0; i < 16; i++) ASSERT_OK(spw_alloc(rt, 64 << 10, s, &b[i]));
+  ASSERT_OK(spw_spill_n(rt, b, 16, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_prefetch_n(rt, b, 16, s));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_acquire_n(rt, b, 16, s, 0, d)); /* writable: the next spill copies */
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_OK(spw_spill_n(rt, b, 16, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_acquire_n(rt, b, 16, s, 0, d));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  trace_t t = closed_trace(rt, path);
+  ASSERT_EQ(count(&t, "spill", NULL), 8);
+  ASSERT_EQ(count(&t, "spill", "\"bytes\":262144,\"buffers\":4,"), 8);
+  ASSERT_EQ(count(&t, "unspill", NULL), 8); /* the prefetch's four, the acquire_n's four */
+  ASSERT_EQ(count(&t, "unspill", "\"buffers\":4,"), 8);
+}
+
 static void the_size_cap_holds_and_drops_are_counted(void) {
   char path[300];
   in_dir(path, "t.json");
@@ -554,6 +594,7 @@ static void a_bad_size_cap_is_a_config_error_that_names_it(void) {
 static const spw_test_t tests[] = {
     TEST(every_kind_of_move_is_an_event_in_valid_json),
     TEST(a_batch_is_one_slice),
+    TEST(a_large_request_is_one_slice_per_helper_and_the_lane),
     TEST(the_size_cap_holds_and_drops_are_counted),
     TEST(percent_p_in_the_path_is_the_process_id),
     TEST(an_unwritable_trace_leaves_the_runtime_working),
