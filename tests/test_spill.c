@@ -604,6 +604,33 @@ static void an_acquire_n_of_many_spilled_buffers_comes_back_in_slices_beside_a_p
   free(ptrs);
 }
 
+/* The batch an acquire_n brings back keeps the host copies as clean copies only for a
+ * read-only acquire (the next spill then moves no byte): a writable one would make them
+ * stale at once. */
+static void an_acquire_n_keeps_clean_host_copies_only_when_read_only(void) {
+  enum { N = 64 };
+  spw_buf_t b[N];
+  uint8_t *want[N];
+  void *d[N];
+  for (int i = 0; i < N; i++) b[i] = uploaded(4096 + 64 * (size_t)i, 500 + (uint64_t)i, &want[i]);
+  for (int read_only = 1; read_only >= 0; read_only--) {
+    ASSERT_OK(spw_spill_n(rt, b, N, SPW_TIER_HOST));
+    ASSERT_OK(spw_wait_idle(rt));
+    ASSERT_OK(spw_acquire_n(rt, b, N, s, read_only ? SPW_ACQUIRE_READ : 0, d));
+    ASSERT_OK(spw_stream_synchronize(rt, s));
+    for (int i = 0; i < N; i++) ASSERT_EQ(state_of(rt, b[i]), SPW_STATE_RESIDENT);
+    const uint64_t clean = stats_of(rt).clean_respills;
+    ASSERT_OK(spw_spill_n(rt, b, N, SPW_TIER_HOST));
+    ASSERT_OK(spw_wait_idle(rt));
+    ASSERT_UEQ(stats_of(rt).clean_respills - clean, (uint64_t)(read_only ? N : 0));
+  }
+  for (int i = 0; i < N; i++) {
+    expect_contents(b[i], 0, want[i], 4096 + 64 * (size_t)i, 500 + (uint64_t)i);
+    ASSERT_OK(spw_free(rt, b[i]));
+    free(want[i]);
+  }
+}
+
 static void seed(void) {
   rng_state = spw_test_seed();
   setenv("SPILLWAY_ENGINE_HELPERS", "3", 0); /* the slices of large requests, on any machine */
@@ -693,6 +720,7 @@ static const spw_test_t tests[] = {
     TEST(batch_counts_only_what_moved),
     TEST(a_large_request_is_spilled_in_slices_and_nothing_is_lost),
     TEST(an_acquire_n_of_many_spilled_buffers_comes_back_in_slices_beside_a_prefetch),
+    TEST(an_acquire_n_keeps_clean_host_copies_only_when_read_only),
     TEST(arena_buffers_keep_their_data_through_spills),
     TEST(arena_memory_comes_back_for_the_next_allocation),
     TEST(arena_memory_freed_while_idle_comes_back_at_once),

@@ -219,7 +219,7 @@ static void run_prefetches(spw_runtime_t *rt, const taken_t *t, size_t n) {
   for (size_t i = 0; i < n; i++) all[i] = t[i].h;
   /* The host tier's part in slices, as run_spills does; the disk's after it, on this
    * thread (one staging pipeline: slices would only take turns). */
-  spw__prefetch_sliced(rt, all, n, 1);
+  spw__prefetch_sliced(rt, all, n, 1, 1);
   spw__prefetch_from_disk(rt, all, n, 1);
   free(all);
 }
