@@ -49,6 +49,8 @@ struct spw_disk {
   size_t staging_bytes;
   _Atomic uint64_t *requests;
   uint64_t quiet_ns;
+  void (*test_in_sweep)(void *test_ctx);
+  void *test_ctx;
   pthread_mutex_t mu; /* guards pipes[].busy, moving, quiet_since, sweeping */
   pthread_cond_t cv;  /* a pipe came free, or a sweep step ended */
   unsigned moving;      /* transfers under way (batches holding a pipe, host writes) */
@@ -84,6 +86,8 @@ int spw__disk_create(const spw_disk_params_t *par, spw_disk_t **out) {
   d->be = par->be;
   d->requests = par->requests;
   d->quiet_ns = par->quiet_ns ? par->quiet_ns : SPW_DISK_QUIET_NS;
+  d->test_in_sweep = par->test_in_sweep;
+  d->test_ctx = par->test_ctx;
   pthread_mutex_init(&d->mu, NULL);
   pthread_cond_init(&d->cv, NULL);
   d->chunk = (size_t)4 << 20;
@@ -163,6 +167,7 @@ int spw__disk_sweep(spw_disk_t *d, unsigned max_punches, uint64_t *later_ns) {
   }
   d->sweeping = 1;
   pthread_mutex_unlock(&d->mu);
+  if (d->test_in_sweep) d->test_in_sweep(d->test_ctx);
   int more = spw__spill_file_sweep(d->file, max_punches);
   pthread_mutex_lock(&d->mu);
   d->sweeping = 0;

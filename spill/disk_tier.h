@@ -33,6 +33,10 @@ typedef struct spw_disk_params {
   uint64_t grow_step;  /* the spill file's (0: its default) */
   uint64_t quiet_ns;   /* how long the tier must have moved nothing before a sweep step
                           runs (0: the default, 50 ms) */
+  /* Tests only (NULL otherwise): called with test_ctx by a sweep step once transfers wait
+   * for it, before it punches, so that a test can hold a step while a transfer begins. */
+  void (*test_in_sweep)(void *test_ctx);
+  void *test_ctx;
   void *ctx;
 } spw_disk_params_t;
 

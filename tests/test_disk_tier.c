@@ -662,6 +662,96 @@ static void a_sweep_step_waits_until_the_disk_has_been_quiet(void) {
   ASSERT_LT(quiet_after, full);
 }
 
+/* A sweep step held by the test's hook, and a host write begun meanwhile on another thread. */
+typedef struct held_sweep {
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int in_step, release, written;
+  spw_disk_t *d;
+  const uint8_t *src;
+  spw_disk_extent_t e;
+  int write_status;
+} held_sweep_t;
+
+static void hold_sweep_step(void *ctx) {
+  held_sweep_t *h = ctx;
+  pthread_mutex_lock(&h->mu);
+  h->in_step = 1;
+  pthread_cond_broadcast(&h->cv);
+  while (!h->release) pthread_cond_wait(&h->cv, &h->mu);
+  pthread_mutex_unlock(&h->mu);
+}
+
+static void *sweep_thread(void *arg) {
+  held_sweep_t *h = arg;
+  uint64_t later = 0;
+  while (spw__disk_sweep(h->d, 8, &later)) {
+  }
+  return NULL;
+}
+
+static void *write_thread(void *arg) {
+  held_sweep_t *h = arg;
+  h->write_status = spw__disk_write_host(h->d, h->src, 4 * MIB, &h->e);
+  pthread_mutex_lock(&h->mu);
+  h->written = 1;
+  pthread_mutex_unlock(&h->mu);
+  return NULL;
+}
+
+/* A transfer that begins while a sweep step punches waits for the step to end: a punch
+ * beside a direct transfer would stall it (disk_tier.c). */
+static void a_transfer_waits_for_a_running_sweep_step(void) {
+  make_dir(fx_dir, sizeof fx_dir, "held");
+  const spw_backend_ops_t *ops = &spw__backend_host_ops;
+  spw_backend_params_t bp = {0};
+  bp.host_device_bytes = 16 * MIB;
+  spw_backend_t *be = NULL;
+  ASSERT_OK(ops->create(&bp, &be));
+  held_sweep_t h = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
+  spw_disk_params_t p = {.ops = ops, .be = be, .dir = fx_dir, .grow_step = 4 * MIB,
+                         .quiet_ns = 1000 * 1000, .test_in_sweep = hold_sweep_step,
+                         .test_ctx = &h};
+  ASSERT_OK(spw__disk_create(&p, &h.d));
+  uint8_t *src = aligned_alloc(4096, 4 * MIB);
+  ASSERT_TRUE(src != NULL);
+  memset(src, 0x3c, 4 * MIB);
+  h.src = src;
+  enum { N = 4 };
+  spw_disk_extent_t e[N];
+  for (int i = 0; i < N; i++) ASSERT_OK(spw__disk_write_host(h.d, src, 4 * MIB, &e[i]));
+  int due = 0;
+  for (int i = 0; i < N; i++) due |= spw__disk_free(h.d, &e[i]);
+  if (!due) {
+    spw__disk_destroy(h.d);
+    ops->destroy(be);
+    free(src);
+  }
+  TEST_SKIP_IF(!due, "this file system does not preallocate (no fallocate): no sweep is due");
+  test_sleep_ms(5); /* past quiet_ns: the next sweep call runs a step */
+  pthread_t sweeper, writer;
+  ASSERT_EQ(pthread_create(&sweeper, NULL, sweep_thread, &h), 0);
+  pthread_mutex_lock(&h.mu);
+  while (!h.in_step) pthread_cond_wait(&h.cv, &h.mu);
+  pthread_mutex_unlock(&h.mu);
+  ASSERT_EQ(pthread_create(&writer, NULL, write_thread, &h), 0);
+  test_sleep_ms(100);
+  pthread_mutex_lock(&h.mu);
+  const int written_during_step = h.written;
+  h.release = 1;
+  pthread_cond_broadcast(&h.cv);
+  pthread_mutex_unlock(&h.mu);
+  pthread_join(sweeper, NULL);
+  pthread_join(writer, NULL);
+  ASSERT_EQ(written_during_step, 0);
+  ASSERT_OK(h.write_status);
+  ASSERT_TRUE(h.e.bytes >= 4 * MIB);
+  (void)spw__disk_free(h.d, &h.e);
+  spw__disk_destroy(h.d);
+  ops->destroy(be);
+  free(src);
+}
+
 /* Skips the whole run (77) when SPILLWAY_IO=uring and the kernel refuses io_uring: the
  * library then reports the disk tier unsupported. Any other failure is a failure. */
 static void skip_if_uring_refused(void) {
@@ -741,6 +831,7 @@ static const spw_test_t tests[] = {
     TEST(prefetch_larger_than_the_budget_brings_in_what_fits),
     TEST(freed_disk_space_goes_back_to_the_file_system),
     TEST(a_sweep_step_waits_until_the_disk_has_been_quiet),
+    TEST(a_transfer_waits_for_a_running_sweep_step),
     TEST(enospc_on_small_tmpfs_keeps_buffers_on_host),
 };
 TEST_MAIN_HOOKS(tests, setup, teardown, NULL, close_fixture)
