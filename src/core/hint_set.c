@@ -30,7 +30,7 @@ spw_hint_t *spw__hints_add(spw_hint_set_t *s, spw_buf_t buf) {
   if (i >= s->cap && grow(s, i) != 0) return NULL;
   spw_hint_t *c = &s->cells[i];
   if (c->buf == buf) return c;
-  if (c->buf == 0) atomic_fetch_add(&s->n, 1);
+  if (c->buf == 0) spw__hints_count(s, 1);
   *c = (spw_hint_t){.buf = buf}; /* empty, or a freed generation's: taken over */
   return c;
 }

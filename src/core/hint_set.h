@@ -53,10 +53,17 @@ static inline spw_hint_t *spw__hints_find(spw_hint_set_t *s, spw_buf_t buf) {
  * a freed buffer that had the same slot; NULL when out of memory. Pointers from earlier
  * calls may move. */
 spw_hint_t *spw__hints_add(spw_hint_set_t *s, spw_buf_t buf);
+/* Adds `delta` to the count of entries. Every writer holds the owner's mutex, so a load
+ * and a store do what a read-modify-write would, without its locked instruction (one per
+ * buffer of a request otherwise); a reader without the mutex sees either value. */
+static inline void spw__hints_count(spw_hint_set_t *s, ptrdiff_t delta) {
+  size_t n = atomic_load_explicit(&s->n, memory_order_relaxed);
+  atomic_store_explicit(&s->n, n + (size_t)delta, memory_order_release);
+}
 /* Removes the entry `e` (from spw__hints_find or spw__hints_add), without a second lookup. */
 static inline void spw__hints_drop(spw_hint_set_t *s, spw_hint_t *e) {
   *e = (spw_hint_t){0};
-  atomic_fetch_sub(&s->n, 1);
+  spw__hints_count(s, -1);
 }
 void spw__hints_destroy(spw_hint_set_t *s);
 

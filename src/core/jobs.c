@@ -115,20 +115,29 @@ static taken_t *take(spw_runtime_t *rt, spw_lane_t lane, spw_job_t *jobs, size_t
   taken_t *t = malloc((cap ? cap : 1) * sizeof *t);
   *n = 0;
   pthread_mutex_lock(&rt->hints_mu);
+  size_t dropped = 0;
   for (spw_job_t *l = jobs; l; l = l->next) {
     job_t *j = (job_t *)(void *)l;
     for (size_t i = 0; i < j->n; i++) {
       spw_hint_t *e = spw__hints_find(&rt->hints, j->hs[i]);
       if (!e) continue;
-      e->queued &= (uint8_t) ~(1u << lane);
-      if (e->wish != SPW_WISH_NONE && lane_of((spw_wish_t)e->wish) == lane) {
+      /* Read once, written once: a byte store then a wider load of the same cell stalls. */
+      uint8_t wish = e->wish, queued = (uint8_t)(e->queued & ~(1u << lane));
+      if (wish != SPW_WISH_NONE && lane_of((spw_wish_t)wish) == lane) {
         /* Without memory for the list the wish is dropped, as a hint may be. */
-        if (t) t[(*n)++] = (taken_t){j->hs[i], (spw_wish_t)e->wish};
-        e->wish = SPW_WISH_NONE;
+        if (t) t[(*n)++] = (taken_t){j->hs[i], (spw_wish_t)wish};
+        wish = SPW_WISH_NONE;
       }
-      if (e->wish == SPW_WISH_NONE && e->queued == 0) spw__hints_drop(&rt->hints, e);
+      if (wish == SPW_WISH_NONE && queued == 0) {
+        *e = (spw_hint_t){0};
+        dropped++;
+      } else {
+        e->wish = wish;
+        e->queued = queued;
+      }
     }
   }
+  spw__hints_count(&rt->hints, -(ptrdiff_t)dropped);
   pthread_mutex_unlock(&rt->hints_mu);
   if (!t) spw__set_async_error(rt, SPW_ERR_SYSTEM);
   return t;
