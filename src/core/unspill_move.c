@@ -226,10 +226,10 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int
   for (size_t i = 0; i < n; i++) {
     spw_slot_t *s;
     uint64_t w;
-    up_item_t *it = &r.it[r.n];
-    *it = (up_item_t){.status = SPW_OK};
     if (spw__handles_lookup(&rt->handles, hs[i], &s, &w) != SPW_OK) continue;
     if (spw__w_state(w) != SPW_STATE_HOST) continue; /* moved meanwhile, or on disk */
+    up_item_t *it = &r.it[r.n];
+    *it = (up_item_t){.status = SPW_OK};
     if (spw__move_begin(rt, SPW_MOVE_UNSPILL, hs[i], s, SPW_CLAIM_WAIT, &it->m)) r.n++;
   }
   spw_pipeline_t pl = {.n = r.n, .start = up_start, .finish = up_finish, .ctx = &r};
