@@ -484,6 +484,32 @@ static void small_buffers_spilled_together_share_disk_requests(void) {
   batch_close(&f);
 }
 
+/* One prefetch of buffers on every tier: the up lane brings back those on host, then reads
+ * those on disk; resident ones stay as they are. */
+static void a_prefetch_of_buffers_on_every_tier_brings_back_host_and_disk_ones(void) {
+  batch_fixture_t f;
+  batch_open(&f, 300, SPW_TIER_DEVICE);
+  spw_buf_t to_disk[BATCH_N], to_host[BATCH_N];
+  size_t nd = 0, nh = 0;
+  for (size_t i = 0; i < BATCH_N; i++) {
+    if (i % 3 == 1) to_disk[nd++] = f.b[i];
+    if (i % 3 == 2) to_host[nh++] = f.b[i];
+  }
+  ASSERT_OK(spw_spill_n(f.rt, to_disk, nd, SPW_TIER_DISK));
+  ASSERT_OK(spw_spill_n(f.rt, to_host, nh, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(f.rt));
+  for (size_t k = 0; k < nd; k++) ASSERT_EQ(state_of(f.rt, to_disk[k]), SPW_STATE_DISK);
+  for (size_t k = 0; k < nh; k++) ASSERT_EQ(state_of(f.rt, to_host[k]), SPW_STATE_HOST);
+  const spw_stats_t before = stats_of(f.rt);
+  ASSERT_OK(spw_prefetch_n(f.rt, f.b, BATCH_N, f.s));
+  ASSERT_OK(spw_wait_idle(f.rt));
+  ASSERT_EQ(count_in(f.rt, f.b, SPW_STATE_RESIDENT), BATCH_N);
+  const spw_stats_t after = stats_of(f.rt);
+  ASSERT_UEQ(after.disk_reads, before.disk_reads + nd);
+  ASSERT_UEQ(after.disk_bytes, 0);
+  batch_close(&f);
+}
+
 static void acquire_n_reads_disk_buffers_as_one_batch(void) {
   batch_fixture_t f;
   batch_open(&f, 200, SPW_TIER_DISK);
@@ -825,6 +851,7 @@ static const spw_test_t tests[] = {
     TEST(spill_file_is_invisible_and_leaves_no_trace),
     TEST(alloc_with_host_and_disk_full_says_the_disk_is_full),
     TEST(small_buffers_spilled_together_share_disk_requests),
+    TEST(a_prefetch_of_buffers_on_every_tier_brings_back_host_and_disk_ones),
     TEST(acquire_n_reads_disk_buffers_as_one_batch),
     TEST(failed_write_in_a_batch_keeps_only_its_buffers_resident),
     TEST(failed_read_in_a_batch_keeps_only_its_buffers_on_disk),

@@ -210,7 +210,9 @@ static void up_finish(void *ctx, spw_part_t *p) {
   spw__tally_flush(rt, &tally);
 }
 
-size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint, int keep) {
+size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint, int keep,
+                           size_t *elsewhere) {
+  if (elsewhere) *elsewhere = n; /* until counted: a failure below leaves the rest to others */
   uint64_t t0 = spw__now_ns();
   up_run_t r = {.rt = rt, .h2d = spw__h2d(rt), .hint = hint, .keep = keep};
   r.it = malloc(n * sizeof *r.it);
@@ -223,15 +225,21 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int
     spw__set_async_error(rt, SPW_ERR_SYSTEM);
     return 0;
   }
+  size_t other = 0; /* neither here nor on the device: on disk, or on the way somewhere */
   for (size_t i = 0; i < n; i++) {
     spw_slot_t *s;
     uint64_t w;
     if (spw__handles_lookup(&rt->handles, hs[i], &s, &w) != SPW_OK) continue;
-    if (spw__w_state(w) != SPW_STATE_HOST) continue; /* moved meanwhile, or on disk */
+    if (spw__w_state(w) != SPW_STATE_HOST) { /* moved meanwhile, or on disk */
+      other += spw__w_state(w) != SPW_STATE_RESIDENT;
+      continue;
+    }
     up_item_t *it = &r.it[r.n];
     *it = (up_item_t){.status = SPW_OK};
     if (spw__move_begin(rt, SPW_MOVE_UNSPILL, hs[i], s, SPW_CLAIM_WAIT, &it->m)) r.n++;
+    else other++;
   }
+  if (elsewhere) *elsewhere = other;
   spw_pipeline_t pl = {.n = r.n, .start = up_start, .finish = up_finish, .ctx = &r};
   spw__pipeline_run(&pl);
   free(r.descs);
@@ -266,19 +274,24 @@ typedef struct up_slices {
   size_t n;
   unsigned count;
   int hint, keep;
-  atomic_size_t moved;
+  atomic_size_t moved, elsewhere;
 } up_slices_t;
 
 static void up_slice(void *ctx, unsigned i) {
   up_slices_t *c = ctx;
   size_t lo = c->n * i / c->count, hi = c->n * (i + 1) / c->count;
-  atomic_fetch_add(&c->moved, spw__prefetch_batch(c->rt, c->hs + lo, hi - lo, c->hint, c->keep));
+  size_t elsewhere = 0;
+  atomic_fetch_add(&c->moved, spw__prefetch_batch(c->rt, c->hs + lo, hi - lo, c->hint, c->keep,
+                                                  &elsewhere));
+  atomic_fetch_add(&c->elsewhere, elsewhere);
 }
 
-size_t spw__prefetch_sliced(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint, int keep) {
+size_t spw__prefetch_sliced(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint, int keep,
+                            size_t *elsewhere) {
   unsigned count = spw__slice_count(rt, SPW_LANE_UP, n);
-  if (count <= 1) return spw__prefetch_batch(rt, hs, n, hint, keep);
-  up_slices_t c = {rt, hs, n, count, hint, keep, 0};
+  if (count <= 1) return spw__prefetch_batch(rt, hs, n, hint, keep, elsewhere);
+  up_slices_t c = {rt, hs, n, count, hint, keep, 0, 0};
   spw__workers_run(rt->workers[SPW_LANE_UP], up_slice, &c, count);
+  if (elsewhere) *elsewhere = atomic_load(&c.elsewhere);
   return atomic_load(&c.moved);
 }
