@@ -483,7 +483,7 @@ static void a_large_request_is_spilled_in_slices_and_nothing_is_lost(void) {
   spw_config_t cfg = SPW_CONFIG_INIT;
   cfg.device_limit = 64 * MIB;
   reopen_fixture(&cfg);
-  enum { N = 16384 + 4196 }; /* queued in two chunks (jobs.c) */
+  enum { N = 16384 + 4196 }; /* four slices of 3 helpers and the lane (SLICE_MIN 4096) */
   spw_buf_t *b = calloc(N, sizeof *b);
   size_t *size = calloc(N, sizeof *size);
   uint8_t **want = calloc(N, sizeof *want);

@@ -51,7 +51,7 @@ static void free_jobs(spw_job_t *list) {
  * its lane has taken it, the lane may have passed it already (skipped it as not where the
  * wish applies, dropped it for want of room), so the wish is queued again, once, and the
  * next run carries it out or finds nothing to do. */
-static int submit_chunk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_wish_t wish) {
+static int submit(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_wish_t wish) {
   spw_lane_t lane = lane_of(wish);
   job_t *j = calloc(1, sizeof *j);
   if (!j) return SPW_ERR_SYSTEM;
@@ -87,19 +87,6 @@ static int submit_chunk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_wi
   if (merged) atomic_fetch_add_explicit(&rt->c.hints_merged, merged, memory_order_relaxed);
   if (replaced) atomic_fetch_add_explicit(&rt->c.hints_replaced, replaced, memory_order_relaxed);
   if (queued == 0) free_jobs(&j->link);
-  return st;
-}
-
-/* A large request is queued in chunks, hints_mu released between them: the lane takes the
- * first and starts moving it (in slices) while the caller records the rest, so that the
- * request's per-buffer bookkeeping overlaps its copies instead of coming before all of them
- * (4 KiB x 65536 on an H100: 0.04 µs a buffer of bookkeeping, 0.08 of copy). */
-#define SUBMIT_CHUNK 16384
-
-static int submit(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_wish_t wish) {
-  int st = SPW_OK;
-  for (size_t i = 0; i < n && st == SPW_OK; i += SUBMIT_CHUNK)
-    st = submit_chunk(rt, hs + i, n - i < SUBMIT_CHUNK ? n - i : SUBMIT_CHUNK, wish);
   return st;
 }
 
