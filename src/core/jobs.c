@@ -155,21 +155,41 @@ static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victi
   else v[(*nv)++] = one;
 }
 
-/* Spills t[0..n): host victims fill `v` from the front, disk victims from the back (vd[k]
+/* The buffers of a slice of a spill request, claimed as its batch's parts need them: host
+ * victims go where the batch says, disk victims fill the slice's array from the back (vd[k]
  * points at v[n - 1 - k]): together they never hold more than n. */
+typedef struct spill_source {
+  spw_runtime_t *rt;
+  const taken_t *t;
+  size_t n, next; /* the next buffer to look at */
+  spw_victim_t **vd;
+  size_t nvd;
+} spill_source_t;
+
+static size_t claim_spills(void *ctx, spw_victim_t *v, size_t max) {
+  spill_source_t *c = ctx;
+  size_t nv = 0;
+  uint64_t begun = 0;
+  for (; nv < max && c->next < c->n; c->next++) {
+    const taken_t *t = &c->t[c->next];
+    spill_one(c->rt, t->h, t->wish == SPW_WISH_DISK ? SPW_TIER_DISK : SPW_TIER_HOST, v, &nv,
+              c->vd, &c->nvd, &begun);
+  }
+  /* One add for every spill begun above (each part's end subtracts its own), before any
+   * of them can end. */
+  if (begun) spw__budget_spill_started(c->rt, begun);
+  return nv;
+}
+
+/* Spills t[0..n): the host tier's as one batch that claims its victims a part at a time
+ * (the claims of a part hide behind the copy of the one before), then the disk tier's. */
 static void spill_taken(spw_runtime_t *rt, const taken_t *t, size_t n, spw_victim_t *v,
                         spw_victim_t **vd) {
   for (size_t k = 0; k < n; k++) vd[k] = &v[n - 1 - k];
-  size_t nv = 0, nvd = 0;
-  uint64_t begun = 0;
-  for (size_t i = 0; i < n; i++)
-    spill_one(rt, t[i].h, t[i].wish == SPW_WISH_DISK ? SPW_TIER_DISK : SPW_TIER_HOST, v, &nv,
-              vd, &nvd, &begun);
-  /* One add for every spill begun above (each part's end subtracts its own), before any
-   * of them can end. */
-  if (begun) spw__budget_spill_started(rt, begun);
-  if (nv > 0) spw__spill_batch(rt, v, nv, SPW_SPILL_EXPLICIT);
-  if (nvd > 0) spw__spill_to_disk_n(rt, vd, nvd, SPW_SPILL_EXPLICIT);
+  spill_source_t c = {.rt = rt, .t = t, .n = n, .vd = vd};
+  spw_victim_source_t src = {claim_spills, &c};
+  spw__spill_claiming(rt, v, n, &src, SPW_SPILL_EXPLICIT);
+  if (c.nvd > 0) spw__spill_to_disk_n(rt, vd, c.nvd, SPW_SPILL_EXPLICIT);
 }
 
 typedef struct slices {

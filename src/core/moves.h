@@ -43,6 +43,17 @@ int spw__victim_begin(spw_runtime_t *rt, spw_buf_t h, spw_slot_t *s, spw_claim_t
 /* Copies the claimed victims to host memory in pipelined sub-batches, commits them and
  * reports them. Returns the device bytes that left the device. */
 uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spill_reason_t why);
+/* Where a batch's victims come from when they are claimed as its parts need them. */
+typedef struct spw_victim_source {
+  /* Claims up to `max` victims (begun, their bytes counted as spilling) into v[0..max) and
+   * returns how many; fewer than `max` once it has none left. */
+  size_t (*claim)(void *ctx, spw_victim_t *v, size_t max);
+  void *ctx;
+} spw_victim_source_t;
+/* spw__spill_batch over victims that src claims a part at a time, at most `cap` of them,
+ * into v: the claims of a part run while the previous part copies. */
+uint64_t spw__spill_claiming(spw_runtime_t *rt, spw_victim_t *v, size_t cap,
+                             const spw_victim_source_t *src, spw_spill_reason_t why);
 
 /* ---- disk_move.c ---- */
 /* Claimed victims straight to disk, together through the staging slots (small ones share a

@@ -2,15 +2,13 @@
 /* The batch pipeline (see pipeline.h). */
 #include "pipeline.h"
 
-#include <assert.h>
-
 void spw__pipeline_run(const spw_pipeline_t *pl) {
   spw_part_t prev = {0};
   int have_prev = 0;
-  for (size_t first = 0; first < pl->n;) {
+  for (size_t first = 0;;) {
     spw_part_t cur = {.first = first, .status = SPW_OK};
     pl->start(pl->ctx, &cur);
-    assert(cur.count > 0 || have_prev); /* else the loop would never end */
+    if (cur.count == 0 && !have_prev) break; /* nothing left */
     if (have_prev) pl->finish(pl->ctx, &prev);
     have_prev = cur.count > 0;
     if (!have_prev) continue; /* room was the previous part's: try again now it is done */

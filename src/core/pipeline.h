@@ -17,10 +17,11 @@ typedef struct spw_part {
 } spw_part_t;
 
 typedef struct spw_pipeline {
-  size_t n; /* items */
-  /* Prepares the part that starts at p->first: sets p->count (0 only while a previous part
-   * is in flight: then the part is tried again once that one is finished) and enqueues its
-   * copy (spw__part_copy). */
+  /* Prepares the part that starts at p->first: sets p->count and enqueues its copy
+   * (spw__part_copy). A count of 0 while a previous part is in flight asks to be tried
+   * again once that one is finished (room it holds); a count of 0 with none in flight ends
+   * the run. Items may be claimed as the parts need them, so the run's length is whatever
+   * start finds. */
   void (*start)(void *ctx, spw_part_t *p);
   /* Waits for the part (spw__part_wait) and commits its items. */
   void (*finish)(void *ctx, spw_part_t *p);

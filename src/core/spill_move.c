@@ -62,7 +62,8 @@ typedef struct part_scratch {
 typedef struct spill_run {
   spw_runtime_t *rt;
   spw_victim_t *v;
-  size_t n;
+  size_t n, cap;                  /* victims claimed, and room for them in v */
+  const spw_victim_source_t *src; /* claims more as the parts need them; NULL once dry */
   spw_copy_desc_t *descs;
   part_scratch_t *scratch;
   spw_stream_t d2h;
@@ -105,8 +106,32 @@ static void prepare(spill_run_t *r, spw_victim_t *v, size_t count) {
   for (size_t j = got; j < k; j++) prepare_one(r->rt, &v[sc->idx[j]]);
 }
 
+/* Copies back from earlier unspills may still be landing in a victim's memory: the
+ * download stream waits for each one not yet seen complete (each ran on its acquirer's
+ * stream and recorded its slot's `ready`) before the part's copy. Victims that landed long
+ * ago cost a query. When a wait cannot be had, the part's victims stay where they are. */
+static void wait_for_landing(spill_run_t *r, spw_victim_t *v, size_t count) {
+  spw_runtime_t *rt = r->rt;
+  int st = SPW_OK;
+  for (size_t i = 0; st == SPW_OK && i < count; i++) {
+    if (is_clean(&v[i]) || !is_landing(&v[i])) continue;
+    spw_bevent_t *ready = v[i].m.s->ready; /* the mover's while the buffer is SPILLING */
+    int q = rt->ops->event_query(rt->be, ready);
+    st = q == SPW_ERR_NOT_READY ? rt->ops->stream_wait_event(rt->be, r->d2h, ready) : q;
+  }
+  if (st != SPW_OK)
+    for (size_t i = 0; i < count; i++) v[i].status = st;
+}
+
 static void spill_start(void *ctx, spw_part_t *p) {
   spill_run_t *r = ctx;
+  /* The part's victims are claimed now, while the previous part copies. */
+  size_t want = p->first + PART_VICTIMS < r->cap ? p->first + PART_VICTIMS : r->cap;
+  if (r->src && r->n < want) {
+    size_t got = r->src->claim(r->src->ctx, r->v + r->n, want - r->n);
+    if (got < want - r->n) r->src = NULL;
+    r->n += got;
+  }
   spw_victim_t *v = r->v + p->first;
   size_t left = r->n - p->first, count = 0;
   uint64_t bytes = 0;
@@ -115,10 +140,12 @@ static void spill_start(void *ctx, spw_part_t *p) {
     bytes += v[count].m.size;
   }
   p->count = count;
-  prepare(r, v, p->count);
+  if (count == 0) return;
+  wait_for_landing(r, v, count);
+  prepare(r, v, count);
   size_t nd = 0;
   pthread_mutex_lock(&r->rt->d2h_gate);
-  for (size_t i = 0; i < p->count; i++)
+  for (size_t i = 0; i < count; i++)
     if (v[i].ext.ptr && spw__move_wanted(&v[i].m))
       r->descs[nd++] = (spw_copy_desc_t){v[i].ext.ptr, v[i].m.from.dptr, v[i].m.size};
   spw__part_copy(r->rt, p, r->descs, nd, SPW_COPY_D2H, r->d2h);
@@ -187,35 +214,29 @@ static void spill_finish(void *ctx, spw_part_t *p) {
   if (ndisk) spw__spill_to_disk_n(r->rt, r->scratch->to_disk, ndisk, r->why);
 }
 
-uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spill_reason_t why) {
+uint64_t spw__spill_claiming(spw_runtime_t *rt, spw_victim_t *v, size_t cap,
+                             const spw_victim_source_t *src, spw_spill_reason_t why) {
   uint64_t t0 = spw__now_ns();
-  spill_run_t r = {.rt = rt, .v = v, .n = n, .d2h = spw__d2h(rt), .why = why};
-  r.descs = malloc((n < PART_VICTIMS ? n : PART_VICTIMS) * sizeof *r.descs);
+  spill_run_t r = {.rt = rt, .v = v, .n = src ? 0 : cap, .cap = cap, .src = src,
+                   .d2h = spw__d2h(rt), .why = why};
+  r.descs = malloc((cap < PART_VICTIMS ? cap : PART_VICTIMS) * sizeof *r.descs);
   r.scratch = malloc(sizeof *r.scratch);
-  int st = r.descs && r.scratch ? SPW_OK : SPW_ERR_SYSTEM;
-  /* Copies back from earlier unspills may still be landing in some of this memory: the
-   * download stream waits for each one not yet seen complete (each ran on its acquirer's
-   * stream and recorded its slot's `ready`). Victims that landed long ago cost a query. */
-  for (size_t i = 0; st == SPW_OK && i < n; i++) {
-    if (is_clean(&v[i]) || !is_landing(&v[i])) continue;
-    spw_bevent_t *ready = v[i].m.s->ready; /* the mover's while the buffer is SPILLING */
-    int q = rt->ops->event_query(rt->be, ready);
-    if (q == SPW_ERR_NOT_READY) st = rt->ops->stream_wait_event(rt->be, r.d2h, ready);
-    else st = q;
-  }
-  if (st != SPW_OK) {
+  if (r.descs && r.scratch) {
+    spw_pipeline_t pl = {.start = spill_start, .finish = spill_finish, .ctx = &r};
+    spw__pipeline_run(&pl);
+  } else if (src) {
+    spw__set_async_error(rt, SPW_ERR_SYSTEM); /* nothing was claimed: the request is lost */
+  } else {
     /* Nothing can be copied: every victim stays where it is. */
     uint64_t ended = 0;
-    for (size_t i = 0; i < n; i++) {
-      v[i].status = st;
+    for (size_t i = 0; i < r.n; i++) {
+      v[i].status = SPW_ERR_SYSTEM;
       v[i].end = spw__move_abort(rt, &v[i].m, 0);
       ended += v[i].m.size;
     }
     spw__budget_spill_ended(rt, 0, ended);
-  } else {
-    spw_pipeline_t pl = {.n = n, .start = spill_start, .finish = spill_finish, .ctx = &r};
-    spw__pipeline_run(&pl);
   }
+  const size_t n = r.n;
   free(r.descs);
   free(r.scratch);
 
@@ -256,4 +277,8 @@ uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spil
     }
   }
   return left;
+}
+
+uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spill_reason_t why) {
+  return spw__spill_claiming(rt, v, n, NULL, why);
 }

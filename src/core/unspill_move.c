@@ -101,8 +101,11 @@ typedef struct up_scratch {
 
 typedef struct up_run {
   spw_runtime_t *rt;
+  const spw_buf_t *hs; /* the request: its buffers are claimed as the parts need them */
+  size_t nh, looked;
+  size_t other; /* looked at and found neither on host nor on the device */
   up_item_t *it;
-  size_t n;
+  size_t n; /* items claimed */
   spw_copy_desc_t *descs;
   up_scratch_t *scratch;
   spw_stream_t h2d;
@@ -124,9 +127,29 @@ static void up_unreserve(up_run_t *r, up_item_t *it, int st) {
   }
 }
 
+/* Claims the request's HOST buffers as items until `want` are claimed or none is left: a
+ * part at a time, so that the claims of a part run while the previous part copies. */
+static void up_claim(up_run_t *r, size_t want) {
+  for (; r->n < want && r->looked < r->nh; r->looked++) {
+    spw_buf_t h = r->hs[r->looked];
+    spw_slot_t *s;
+    uint64_t w;
+    if (spw__handles_lookup(&r->rt->handles, h, &s, &w) != SPW_OK) continue;
+    if (spw__w_state(w) != SPW_STATE_HOST) { /* moved meanwhile, or on disk */
+      r->other += spw__w_state(w) != SPW_STATE_RESIDENT;
+      continue;
+    }
+    up_item_t *it = &r->it[r->n];
+    *it = (up_item_t){.status = SPW_OK};
+    if (spw__move_begin(r->rt, SPW_MOVE_UNSPILL, h, s, SPW_CLAIM_WAIT, &it->m)) r->n++;
+    else r->other++;
+  }
+}
+
 static void up_start(void *ctx, spw_part_t *p) {
   up_run_t *r = ctx;
   up_scratch_t *sc = r->scratch;
+  up_claim(r, p->first + UP_PART_ITEMS);
   size_t i = p->first, k = 0;
   uint64_t bytes = 0;
   /* Room first, item by item (making it may spill); then the memory of every item that got
@@ -213,7 +236,7 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int
                            size_t *elsewhere) {
   if (elsewhere) *elsewhere = n; /* until counted: a failure below leaves the rest to others */
   uint64_t t0 = spw__now_ns();
-  up_run_t r = {.rt = rt, .h2d = spw__h2d(rt), .hint = hint};
+  up_run_t r = {.rt = rt, .hs = hs, .nh = n, .h2d = spw__h2d(rt), .hint = hint};
   r.it = malloc(n * sizeof *r.it);
   r.descs = malloc((n < UP_PART_ITEMS ? n : UP_PART_ITEMS) * sizeof *r.descs);
   r.scratch = malloc(sizeof *r.scratch);
@@ -224,23 +247,9 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int
     spw__set_async_error(rt, SPW_ERR_SYSTEM);
     return 0;
   }
-  size_t other = 0; /* neither here nor on the device: on disk, or on the way somewhere */
-  for (size_t i = 0; i < n; i++) {
-    spw_slot_t *s;
-    uint64_t w;
-    if (spw__handles_lookup(&rt->handles, hs[i], &s, &w) != SPW_OK) continue;
-    if (spw__w_state(w) != SPW_STATE_HOST) { /* moved meanwhile, or on disk */
-      other += spw__w_state(w) != SPW_STATE_RESIDENT;
-      continue;
-    }
-    up_item_t *it = &r.it[r.n];
-    *it = (up_item_t){.status = SPW_OK};
-    if (spw__move_begin(rt, SPW_MOVE_UNSPILL, hs[i], s, SPW_CLAIM_WAIT, &it->m)) r.n++;
-    else other++;
-  }
-  if (elsewhere) *elsewhere = other;
-  spw_pipeline_t pl = {.n = r.n, .start = up_start, .finish = up_finish, .ctx = &r};
+  spw_pipeline_t pl = {.start = up_start, .finish = up_finish, .ctx = &r};
   spw__pipeline_run(&pl);
+  if (elsewhere) *elsewhere = r.other;
   free(r.descs);
   free(r.scratch);
   uint64_t dt = spw__now_ns() - t0;
