@@ -30,6 +30,19 @@ typedef struct spw_pipeline {
 
 void spw__pipeline_run(const spw_pipeline_t *pl);
 
+/* The most items of the part that starts at `first`, in a batch of at most `total` whose
+ * parts hold at most `most`: fewer at both ends, so that the first copy starts soon after
+ * the batch does and the commit of the last part, which nothing hides, is short. The first
+ * part has SPW_PART_FIRST items, each next one as many as went before it; near the end, half
+ * of what is left. */
+#define SPW_PART_FIRST 256
+static inline size_t spw__part_limit(size_t first, size_t total, size_t most) {
+  size_t left = total > first ? total - first : 0, n = first < most ? first : most;
+  if (n < SPW_PART_FIRST) n = SPW_PART_FIRST;
+  if (left > SPW_PART_FIRST && n > left / 2) n = left / 2 > SPW_PART_FIRST ? left / 2 : SPW_PART_FIRST;
+  return n;
+}
+
 /* Enqueues one batch copy for the part on `stream` and records its event. */
 void spw__part_copy(spw_runtime_t *rt, spw_part_t *p, const spw_copy_desc_t *d, size_t nd,
                     spw_copy_dir_t dir, spw_stream_t stream);

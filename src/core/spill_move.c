@@ -126,7 +126,8 @@ static void wait_for_landing(spill_run_t *r, spw_victim_t *v, size_t count) {
 static void spill_start(void *ctx, spw_part_t *p) {
   spill_run_t *r = ctx;
   /* The part's victims are claimed now, while the previous part copies. */
-  size_t want = p->first + PART_VICTIMS < r->cap ? p->first + PART_VICTIMS : r->cap;
+  const size_t most = spw__part_limit(p->first, r->cap, PART_VICTIMS);
+  size_t want = p->first + most < r->cap ? p->first + most : r->cap;
   if (r->src && r->n < want) {
     size_t got = r->src->claim(r->src->ctx, r->v + r->n, want - r->n);
     if (got < want - r->n) r->src = NULL;
@@ -135,7 +136,7 @@ static void spill_start(void *ctx, spw_part_t *p) {
   spw_victim_t *v = r->v + p->first;
   size_t left = r->n - p->first, count = 0;
   uint64_t bytes = 0;
-  for (; count < left && count < PART_VICTIMS; count++) {
+  for (; count < left && count < most; count++) {
     if (count > 0 && bytes + v[count].m.size > PART_BYTES) break;
     bytes += v[count].m.size;
   }

@@ -149,12 +149,13 @@ static void up_claim(up_run_t *r, size_t want) {
 static void up_start(void *ctx, spw_part_t *p) {
   up_run_t *r = ctx;
   up_scratch_t *sc = r->scratch;
-  up_claim(r, p->first + UP_PART_ITEMS);
+  const size_t most = spw__part_limit(p->first, r->nh, UP_PART_ITEMS);
+  up_claim(r, p->first + most);
   size_t i = p->first, k = 0;
   uint64_t bytes = 0;
   /* Room first, item by item (making it may spill); then the memory of every item that got
    * room, small blocks under one pool lock rather than one each. */
-  for (; i < r->n && i - p->first < UP_PART_ITEMS; i++) {
+  for (; i < r->n && i - p->first < most; i++) {
     up_item_t *it = &r->it[i];
     if (i > p->first && bytes + it->m.size > UP_PART_BYTES) break;
     if (r->full) {
