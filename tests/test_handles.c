@@ -101,6 +101,8 @@ static void expect_rejected_everywhere(spw_runtime_t *rt, spw_stream_t s, spw_bu
   ASSERT_STATUS_IN(spw_release(rt, h, s), a, b);
   ASSERT_STATUS_IN(spw_spill(rt, h, SPW_TIER_HOST), a, b);
   ASSERT_STATUS_IN(spw_prefetch(rt, h, s), a, b);
+  ASSERT_STATUS_IN(spw_spill_n(rt, &h, 1, SPW_TIER_HOST), a, b);
+  ASSERT_STATUS_IN(spw_prefetch_n(rt, &h, 1, s), a, b);
   ASSERT_STATUS_IN(spw_free(rt, h), a, b);
   ASSERT_EQ(size, 12345);
   ASSERT_EQ(state, 77);
@@ -169,6 +171,30 @@ static void freed_handle_gives_freed_everywhere(void) {
   expect_live(rt, keep, 1024);
   ASSERT_UEQ(stats_buffers(rt), 1);
   ASSERT_OK(spw_free(rt, keep));
+  ASSERT_OK(spw_runtime_destroy(rt));
+}
+
+/* spw_free of a locked buffer finishes at its last release; meanwhile a batch request that
+ * names it is refused as a whole, and the live buffers beside it stay where they are. */
+static void a_batch_naming_a_buffer_freed_while_locked_is_refused_whole(void) {
+  spw_runtime_t *rt = test_runtime(NULL);
+  spw_stream_t s;
+  ASSERT_OK(spw_stream_create(rt, &s));
+  spw_buf_t b[3];
+  for (int i = 0; i < 3; i++) ASSERT_OK(spw_alloc(rt, 4096, s, &b[i]));
+  void *d;
+  ASSERT_OK(spw_acquire(rt, b[1], s, 0, &d));
+  ASSERT_OK(spw_free(rt, b[1]));
+  ASSERT_STATUS(spw_spill_n(rt, b, 3, SPW_TIER_HOST), SPW_ERR_FREED);
+  ASSERT_STATUS(spw_prefetch_n(rt, b, 3, s), SPW_ERR_FREED);
+  ASSERT_OK(spw_wait_idle(rt));
+  expect_live(rt, b[0], 4096);
+  expect_live(rt, b[2], 4096);
+  ASSERT_OK(spw_release(rt, b[1], s));
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  ASSERT_UEQ(stats_buffers(rt), 2);
+  ASSERT_STATUS(spw_spill_n(rt, b, 3, SPW_TIER_HOST), SPW_ERR_FREED);
+  for (int i = 0; i < 3; i += 2) ASSERT_OK(spw_free(rt, b[i]));
   ASSERT_OK(spw_runtime_destroy(rt));
 }
 
@@ -380,6 +406,7 @@ static const spw_test_t tests[] = {
     TEST(handle_is_never_zero),
     TEST(freed_slot_is_reused_with_a_new_handle),
     TEST(freed_handle_gives_freed_everywhere),
+    TEST(a_batch_naming_a_buffer_freed_while_locked_is_refused_whole),
     TEST(double_free_gives_freed),
     TEST(random_handles_are_rejected),
     TEST(handle_with_a_flipped_bit_is_rejected),

@@ -59,11 +59,8 @@ int spw_prefetch(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream) {
 /* Validates every handle of a batch request before anything is queued. */
 static int check_all(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n) {
   for (size_t i = 0; i < n; i++) {
-    spw_slot_t *s;
-    uint64_t w;
-    int st = spw__handles_lookup(&rt->handles, bufs[i], &s, &w);
+    int st = spw__handles_check(&rt->handles, bufs[i]);
     if (st != SPW_OK) return st;
-    if (w & SPW_W_FREE_PENDING) return SPW_ERR_FREED;
   }
   return SPW_OK;
 }

@@ -195,7 +195,7 @@ int spw__buffer_create(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, uns
   atomic_store_explicit(&s->owner, (uint8_t)owner, memory_order_relaxed);
   /* Counted before it is published: a free (of a guessed handle) cannot come first. */
   if (owner) spw__owner_created(rt->owners, owner, bytes);
-  spw__handles_publish(s, SPW_STATE_RESIDENT);
+  spw__handles_publish(&rt->handles, h, s, SPW_STATE_RESIDENT);
   *out = h;
   return SPW_OK;
 }
@@ -241,6 +241,7 @@ int spw__buffer_free(spw_runtime_t *rt, spw_buf_t h, size_t *size) {
    * the count seen here is final unless it is > 0: then the last release finishes the
    * free. A mover (MOVING) finishes it when its move ends. */
   w = update_flags(s, SPW_W_FREE_PENDING, 0);
+  spw__handles_unlive(&rt->handles, h);
   if (spw__w_count(w) == 0 && !(w & SPW_W_MOVING))
     spw__slot_finish_free(rt, s, h, spw__w_state(w));
   else

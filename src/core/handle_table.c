@@ -23,6 +23,7 @@ void spw__handles_destroy(spw_handle_table_t *t) {
     if (!chunk) continue;
     for (uint32_t i = 0; i < SPW_SLOT_CHUNK; i++) pthread_mutex_destroy(&chunk[i].mu);
     free(chunk);
+    free((void *)atomic_load(&t->live_gens[c]));
   }
   pthread_mutex_destroy(&t->mu);
 }
@@ -32,13 +33,19 @@ static int grow(spw_handle_table_t *t) {
   uint32_t n = atomic_load_explicit(&t->nslots, memory_order_relaxed);
   if (n >= SPW_MAX_SLOTS) return SPW_ERR_OUT_OF_MEMORY;
   spw_slot_t *chunk = calloc(SPW_SLOT_CHUNK, sizeof *chunk);
-  if (!chunk) return SPW_ERR_SYSTEM;
+  _Atomic uint32_t *live = calloc(SPW_SLOT_CHUNK, sizeof *live); /* 0: none live */
+  if (!chunk || !live) {
+    free(chunk);
+    free((void *)live);
+    return SPW_ERR_SYSTEM;
+  }
   for (uint32_t i = 0; i < SPW_SLOT_CHUNK; i++) {
     pthread_mutex_init(&chunk[i].mu, NULL);
     atomic_init(&chunk[i].word, spw__w_make(1, SPW_SLOT_UNUSED, 0, 0));
     chunk[i].next_free = (i + 1 < SPW_SLOT_CHUNK) ? n + i + 2 : 0;
   }
   atomic_store_explicit(&t->chunks[n >> SPW_SLOT_CHUNK_BITS], chunk, memory_order_release);
+  atomic_store_explicit(&t->live_gens[n >> SPW_SLOT_CHUNK_BITS], live, memory_order_release);
   atomic_store_explicit(&t->nslots, n + SPW_SLOT_CHUNK, memory_order_release);
   t->free_head = n + 1;
   t->free_tail = n + SPW_SLOT_CHUNK;
@@ -81,6 +88,7 @@ void spw__handles_release(spw_handle_table_t *t, spw_slot_t *slot, uint32_t inde
   atomic_store_explicit(&slot->va, NULL, memory_order_relaxed);
   slot->size = 0;
   atomic_store_explicit(&slot->word, spw__w_make(gen, SPW_SLOT_UNUSED, 0, 0), memory_order_release);
+  atomic_store_explicit(spw__handles_live_at(t, index), 0, memory_order_release);
   atomic_fetch_sub_explicit(&t->live, 1, memory_order_relaxed);
   pthread_mutex_lock(&t->mu);
   slot->next_free = 0;

@@ -16,6 +16,14 @@
  * The fields below `word` are owned by whoever holds `mu`, or by the mover that holds the
  * slot's MOVING flag, for the fields its move reads (see buffer_state.h); `owner` and `va`
  * are written once, before the slot is published.
+ *
+ * Beside each chunk of slots, a dense array holds each slot's live generation: the
+ * generation of its buffer from creation until spw_free is called on it, else 0. It is what
+ * a batch request checks for every buffer before it queues any (spw__handles_check). It
+ * changes only when a buffer is created or freed, so the lines a caller reads stay in its
+ * cache, where each slot's `word` changes with every lock and move, on another thread's
+ * core: on the H100 machine a check of 65536 buffers through their words took 0.4-1.4 ms
+ * of a 4 KiB x 65536 prefetch's 7.5, before any of its copies could start.
  */
 #ifndef SPILLWAY_CORE_HANDLE_TABLE_H
 #define SPILLWAY_CORE_HANDLE_TABLE_H
@@ -92,6 +100,7 @@ typedef struct spw_slot {
 
 typedef struct spw_handle_table {
   _Atomic(spw_slot_t *) chunks[SPW_MAX_CHUNKS];
+  _Atomic(_Atomic uint32_t *) live_gens[SPW_MAX_CHUNKS]; /* per chunk of slots */
   _Atomic uint32_t nslots;   /* slots [0, nslots) exist */
   pthread_mutex_t mu;        /* guards the free list and growth */
   uint32_t free_head, free_tail; /* FIFO of free slot indices (+1; 0 = empty): the oldest
@@ -107,10 +116,24 @@ void spw__handles_destroy(spw_handle_table_t *t);
 /* Takes a free slot and returns its future handle. The slot stays UNUSED, invisible to
  * lookups, until the caller has filled it and calls spw__handles_publish. */
 int spw__handles_alloc(spw_handle_table_t *t, spw_buf_t *out, spw_slot_t **slot_out);
-/* Makes the slot live in `state` (release store: its fields become visible with it). */
-static inline void spw__handles_publish(spw_slot_t *s, uint32_t state) {
+static inline _Atomic uint32_t *spw__handles_live_at(const spw_handle_table_t *t, uint32_t index) {
+  _Atomic uint32_t *chunk = atomic_load_explicit(
+      &((spw_handle_table_t *)t)->live_gens[index >> SPW_SLOT_CHUNK_BITS], memory_order_acquire);
+  return chunk + (index & (SPW_SLOT_CHUNK - 1));
+}
+/* Makes the slot of `h` live in `state` (release store: its fields become visible with
+ * it). */
+static inline void spw__handles_publish(spw_handle_table_t *t, spw_buf_t h, spw_slot_t *s,
+                                        uint32_t state) {
   uint32_t gen = spw__w_gen(atomic_load_explicit(&s->word, memory_order_relaxed));
   atomic_store_explicit(&s->word, spw__w_make(gen, state, 0, 0), memory_order_release);
+  atomic_store_explicit(spw__handles_live_at(t, (uint32_t)(h & (SPW_MAX_SLOTS - 1))), gen,
+                        memory_order_release);
+}
+/* spw_free was called on `h`: its slot's live generation goes to 0 (checks fail from now). */
+static inline void spw__handles_unlive(spw_handle_table_t *t, spw_buf_t h) {
+  atomic_store_explicit(spw__handles_live_at(t, (uint32_t)(h & (SPW_MAX_SLOTS - 1))), 0,
+                        memory_order_release);
 }
 /* Returns a slot to the free list, bumping its generation. Caller holds slot->mu. */
 void spw__handles_release(spw_handle_table_t *t, spw_slot_t *slot, uint32_t index);
@@ -152,6 +175,24 @@ static inline int spw__handles_lookup(const spw_handle_table_t *t, spw_buf_t h, 
   *out = s;
   *word = w;
   return SPW_OK;
+}
+
+/* Whether `h` names a buffer that spw_free has not been called on: SPW_OK, or the error
+ * spw__handles_lookup gives (SPW_ERR_FREED also when spw_free was called and the buffer is
+ * still held). Reads the live generations only, and the slot when they do not match, to
+ * say which error. A buffer freed on another thread meanwhile may pass, as it could have an
+ * instant before: whoever acts on it later looks it up again. Lock-free. */
+static inline int spw__handles_check(const spw_handle_table_t *t, spw_buf_t h) {
+  uint32_t gen = spw__handle_gen(h), idx = spw__handle_index(h);
+  if (gen != 0 && (uint16_t)(h >> 48) == t->tag &&
+      idx < atomic_load_explicit(&((spw_handle_table_t *)t)->nslots, memory_order_acquire) &&
+      atomic_load_explicit(spw__handles_live_at(t, idx), memory_order_acquire) == gen)
+    return SPW_OK;
+  spw_slot_t *s;
+  uint64_t w;
+  int st = spw__handles_lookup(t, h, &s, &w);
+  if (st == SPW_OK && (w & SPW_W_FREE_PENDING)) st = SPW_ERR_FREED;
+  return st;
 }
 
 #endif /* SPILLWAY_CORE_HANDLE_TABLE_H */
