@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The pending-hint map (see hint_set.h), indexed by the handle's slot index: a lookup is one
- * load and a compare of the whole handle, so a request of 65536 buffers costs its
+ * load and a compare of its generation, so a request of 65536 buffers costs its
  * bookkeeping in microseconds. (An open-addressing hash map keyed by handle cost about
  * 0.5 µs per buffer on the H100 machine: 65536 x 4 KiB spills and prefetches fell from 18
  * to 6 GB/s.) A slot holds one buffer at a time, so one cell per slot is enough: a cell
@@ -29,9 +29,10 @@ spw_hint_t *spw__hints_add(spw_hint_set_t *s, spw_buf_t buf) {
   size_t i = spw__handle_index(buf);
   if (i >= s->cap && grow(s, i) != 0) return NULL;
   spw_hint_t *c = &s->cells[i];
-  if (c->buf == buf) return c;
-  if (c->buf == 0) spw__hints_count(s, 1);
-  *c = (spw_hint_t){.buf = buf}; /* empty, or a freed generation's: taken over */
+  const uint32_t gen = spw__handle_gen(buf);
+  if (c->gen == gen) return c;
+  if (c->gen == 0) spw__hints_count(s, 1);
+  *c = (spw_hint_t){.gen = gen}; /* empty, or a freed generation's: taken over */
   return c;
 }
 

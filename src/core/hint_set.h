@@ -29,8 +29,12 @@ typedef enum spw_wish {
   SPW_WISH_DISK,      /* down lane: spill (or demote) to disk */
 } spw_wish_t;
 
+/* A cell is its buffer's generation (the index is the cell's own, the tag the runtime's:
+ * every handle hinted was checked first), not the 64-bit handle: 8 bytes, not 16, since a
+ * request's cells pass from the caller's core (submit) to the lane's (take) and back, one
+ * cache line per eight of them. */
 typedef struct spw_hint {
-  spw_buf_t buf;  /* 0: an empty cell */
+  uint32_t gen;   /* 0: an empty cell */
   uint8_t wish;   /* spw_wish_t */
   uint8_t queued; /* bit per lane (1 << spw_lane_t): the handle is in that lane's queue */
 } spw_hint_t;
@@ -47,7 +51,7 @@ typedef struct spw_hint_set {
 /* The entry of `buf`, or NULL. Inline: the lanes look up every buffer of a batch. */
 static inline spw_hint_t *spw__hints_find(spw_hint_set_t *s, spw_buf_t buf) {
   size_t i = spw__handle_index(buf);
-  return i < s->cap && s->cells[i].buf == buf ? &s->cells[i] : NULL;
+  return i < s->cap && s->cells[i].gen == spw__handle_gen(buf) ? &s->cells[i] : NULL;
 }
 /* The entry of `buf`, added empty (wish NONE, queued 0) if absent, taking over the cell of
  * a freed buffer that had the same slot; NULL when out of memory. Pointers from earlier
