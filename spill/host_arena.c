@@ -458,9 +458,9 @@ static size_t upper_bound(const slab_t *s, size_t off) {
   return lo;
 }
 
-void spw__arena_free(spw_host_arena_t *a, spw_host_extent_t *e) {
-  if (!a || !e || !e->ptr) return;
-  pthread_mutex_lock(&a->mu);
+/* Caller holds a->mu. */
+static void free_locked(spw_host_arena_t *a, spw_host_extent_t *e) {
+  if (!e->ptr) return;
   /* An extent that is not a live one of this arena (forged, or freed twice from a copy of
    * the struct) is ignored rather than corrupting the free lists. */
   slab_t *s = e->slab < a->nslots ? a->slots[e->slab] : NULL;
@@ -500,6 +500,20 @@ void spw__arena_free(spw_host_arena_t *a, spw_host_extent_t *e) {
   e->ptr = NULL;
   e->bytes = 0;
 out:
+  return;
+}
+
+void spw__arena_free(spw_host_arena_t *a, spw_host_extent_t *e) {
+  if (!a || !e || !e->ptr) return;
+  pthread_mutex_lock(&a->mu);
+  free_locked(a, e);
+  pthread_mutex_unlock(&a->mu);
+}
+
+void spw__arena_free_n(spw_host_arena_t *a, spw_host_extent_t *e, size_t n) {
+  if (!a || !e || n == 0) return;
+  pthread_mutex_lock(&a->mu);
+  for (size_t i = 0; i < n; i++) free_locked(a, &e[i]);
   pthread_mutex_unlock(&a->mu);
 }
 

@@ -65,6 +65,9 @@ size_t spw__arena_alloc_n(spw_host_arena_t *a, const size_t *bytes, size_t n,
 /* Returns an extent; an empty extent (ptr NULL) is ignored. A slab whose extents have all
  * come back is unregistered and unmapped. */
 void spw__arena_free(spw_host_arena_t *a, spw_host_extent_t *e);
+/* spw__arena_free of e[0..n) under one lock: a batch's threads do not queue on the arena's
+ * mutex once per buffer. */
+void spw__arena_free_n(spw_host_arena_t *a, spw_host_extent_t *e, size_t n);
 
 void spw__arena_get_stats(spw_host_arena_t *a, spw_arena_stats_t *out);
 

@@ -68,6 +68,15 @@ void spw__host_extent_free(spw_runtime_t *rt, spw_host_extent_t *e) {
   else spw__arena_free(rt->arena, e);
 }
 
+void spw__host_extent_free_n(spw_runtime_t *rt, spw_host_extent_t *e, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (e[i].peer) {
+      spw__peer_free(rt, &e[i]);
+      e[i].ptr = NULL; /* the host arena's pass skips it */
+    }
+  spw__arena_free_n(rt->arena, e, n);
+}
+
 void spw__host_extent_free_after(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream) {
   free_later(rt, e, stream, NULL);
 }

@@ -17,6 +17,8 @@ int spw__host_extent_alloc(spw_runtime_t *rt, size_t bytes, spw_host_extent_t *o
 int spw__host_extent_alloc_host(spw_runtime_t *rt, size_t bytes, spw_host_extent_t *out);
 /* Returns an extent to the arena it came from, at once; an empty one is ignored. */
 void spw__host_extent_free(spw_runtime_t *rt, spw_host_extent_t *e);
+/* spw__host_extent_free of e[0..n), the host arena's under one lock. */
+void spw__host_extent_free_n(spw_runtime_t *rt, spw_host_extent_t *e, size_t n);
 /* Extents for n requests (peer memory first, as above) under one lock per arena, as far as
  * they have room without demoting anything; returns how many, from the first, and in *status why it stopped
  * (SPW_ERR_HOST_OUT_OF_MEMORY: the rest go through spw__host_extent_alloc one by one, which

@@ -183,7 +183,7 @@ void spw__lock_n_prepare(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, uns
   }
   /* One at a time costs a copy launch and an event each (and from disk, a request in flight
    * alone): a batch is one copy per part, and many requests in flight. */
-  if (k >= 2) spw__prefetch_sliced(rt, host, k, 0, NULL);
+  if (k >= 2) spw__prefetch_sliced(rt, host, k, 0, (flags & SPW_ACQUIRE_READ) != 0, NULL);
   if (kd >= 2) spw__prefetch_from_disk(rt, disk, kd, 0);
   if (host != stack) free(host);
 }

@@ -83,20 +83,21 @@ size_t spw__prefetch_from_disk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n,
  * kept as a clean copy. */
 int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, unsigned flags,
                  uint32_t locks, void **dptr);
-/* Brings the HOST buffers among hs back as pipelined batches, marking each RESIDENT (its
- * host copy kept clean) once its copy has completed; others are skipped, and *elsewhere
+/* Brings the HOST buffers among hs back as pipelined batches, marking each RESIDENT once
+ * its copy has completed (with `keep`, its host copy kept as a clean copy; else the host
+ * memory goes back, a part at a time); others are skipped, and *elsewhere
  * (may be NULL) counts those found neither on host nor on the device (on disk, or moving).
  * With `hint` (a prefetch hint, not an acquire's own batch) room comes from spw__device_get_hint: the
  * buffers brought back count as prefetched, and once no room is left the rest stay where
  * they are (stats.prefetch_dropped). Returns how many moved. */
 size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint,
-                           size_t *elsewhere);
+                           int keep, size_t *elsewhere);
 /* spw__prefetch_batch over hs, a large request cut into slices that the up lane's helpers
  * bring back at once with the calling thread (spw__slice_count); it waits for a sliced run
  * of the up lane under way. Never call it from one of those helpers. Returns how many
  * moved. */
 size_t spw__prefetch_sliced(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint,
-                            size_t *elsewhere);
+                            int keep, size_t *elsewhere);
 
 /* ---- victims.c ---- */
 /* Spills least-recently-used unlocked buffers (the controller's choices first) until

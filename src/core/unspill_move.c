@@ -18,6 +18,7 @@
 #include <stdlib.h>
 
 #include "clock.h"
+#include "host_extent.h"
 #include "moves.h"
 #include "peer.h"
 #include "pipeline.h"
@@ -97,6 +98,7 @@ typedef struct up_scratch {
   size_t idx[UP_PART_ITEMS];
   size_t bytes[UP_PART_ITEMS];
   void *ptr[UP_PART_ITEMS];
+  spw_host_extent_t freed[UP_PART_ITEMS]; /* host copies given back at the part's end */
 } up_scratch_t;
 
 typedef struct up_run {
@@ -111,6 +113,7 @@ typedef struct up_run {
   spw_stream_t h2d;
   uint64_t held;  /* reserved for items not yet committed (this part and the one in flight) */
   int hint;       /* a prefetch hint: room as spw__device_get_hint gives it */
+  int keep;       /* keep each host copy as a clean copy (not for a writable acquire_n) */
   int full;       /* (hint) no more room: the rest of the request is dropped */
   size_t moved;
   uint64_t moved_bytes;
@@ -206,6 +209,7 @@ static void up_finish(void *ctx, spw_part_t *p) {
   spw_runtime_t *rt = r->rt;
   int st = spw__part_wait(rt, p, r->h2d);
   spw_tally_t tally = {0};
+  size_t nfreed = 0;
   for (size_t i = p->first; i < p->first + p->count; i++) {
     up_item_t *it = &r->it[i];
     if (it->d) r->held -= it->m.size;
@@ -215,13 +219,17 @@ static void up_finish(void *ctx, spw_part_t *p) {
       it->end = spw__move_abort(rt, &it->m, 0);
       continue;
     }
-    /* Landed: resident with no WAIT, and the host copy kept as a clean copy, also for a
-     * writable acquire_n, whose locks drop it: freeing it here, in the slices, made that
-     * acquire_n slower (4 KiB x 65536 on an H100: 9 GB/s against 16). */
+    /* Landed: resident with no WAIT, and the host copy kept as a clean copy, unless a
+     * writable acquire_n asked: its locks would each drop the copy, one buffer at a time
+     * under the slot's mutex and the arena's; here the part's copies go back under one
+     * arena lock (freed one by one here instead, with the batch's threads queueing on the
+     * arena's mutex, that acquire_n fell from 16 to 9 GB/s at 4 KiB x 65536 on an H100). */
     spw_place_t to = {.dptr = it->d}, release;
-    uint64_t flags = SPW_W_CLEAN | (r->hint ? SPW_COMMIT_PREFETCHED : 0);
+    uint64_t flags = (r->keep ? SPW_W_CLEAN : 0) | (r->hint ? SPW_COMMIT_PREFETCHED : 0);
     it->end = spw__move_commit_tally(rt, &it->m, &to, flags, 0, &release, &tally);
-    if (!spw__place_empty(&release)) {
+    if (release.host.ptr && !release.dptr && !release.disk.bytes) {
+      r->scratch->freed[nfreed++] = release.host; /* nothing reads it: the copy is done */
+    } else if (!spw__place_empty(&release)) {
       uint64_t device = spw__place_release(rt, &release, it->m.size, NULL);
       if (device) spw__budget_credit(rt, device);
     }
@@ -231,13 +239,14 @@ static void up_finish(void *ctx, spw_part_t *p) {
     }
   }
   spw__tally_flush(rt, &tally);
+  spw__host_extent_free_n(rt, r->scratch->freed, nfreed);
 }
 
 size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint,
-                           size_t *elsewhere) {
+                           int keep, size_t *elsewhere) {
   if (elsewhere) *elsewhere = n; /* until counted: a failure below leaves the rest to others */
   uint64_t t0 = spw__now_ns();
-  up_run_t r = {.rt = rt, .hs = hs, .nh = n, .h2d = spw__h2d(rt), .hint = hint};
+  up_run_t r = {.rt = rt, .hs = hs, .nh = n, .h2d = spw__h2d(rt), .hint = hint, .keep = keep};
   r.it = malloc(n * sizeof *r.it);
   r.descs = malloc((n < UP_PART_ITEMS ? n : UP_PART_ITEMS) * sizeof *r.descs);
   r.scratch = malloc(sizeof *r.scratch);
@@ -282,7 +291,7 @@ typedef struct up_slices {
   const spw_buf_t *hs;
   size_t n;
   unsigned count;
-  int hint;
+  int hint, keep;
   atomic_size_t moved, elsewhere;
 } up_slices_t;
 
@@ -290,16 +299,16 @@ static void up_slice(void *ctx, unsigned i) {
   up_slices_t *c = ctx;
   size_t lo = c->n * i / c->count, hi = c->n * (i + 1) / c->count;
   size_t elsewhere = 0;
-  atomic_fetch_add(&c->moved, spw__prefetch_batch(c->rt, c->hs + lo, hi - lo, c->hint,
+  atomic_fetch_add(&c->moved, spw__prefetch_batch(c->rt, c->hs + lo, hi - lo, c->hint, c->keep,
                                                   &elsewhere));
   atomic_fetch_add(&c->elsewhere, elsewhere);
 }
 
 size_t spw__prefetch_sliced(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint,
-                            size_t *elsewhere) {
+                            int keep, size_t *elsewhere) {
   unsigned count = spw__slice_count(rt, SPW_LANE_UP, n);
-  if (count <= 1) return spw__prefetch_batch(rt, hs, n, hint, elsewhere);
-  up_slices_t c = {rt, hs, n, count, hint, 0, 0};
+  if (count <= 1) return spw__prefetch_batch(rt, hs, n, hint, keep, elsewhere);
+  up_slices_t c = {rt, hs, n, count, hint, keep, 0, 0};
   spw__workers_run(rt->workers[SPW_LANE_UP], up_slice, &c, count);
   if (elsewhere) *elsewhere = atomic_load(&c.elsewhere);
   return atomic_load(&c.moved);
