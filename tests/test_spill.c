@@ -631,6 +631,41 @@ static void an_acquire_n_keeps_clean_host_copies_only_when_read_only(void) {
   }
 }
 
+/* acquire_n is all or nothing: when a lock fails after its batch from host has brought
+ * buffers back with their locks taken (on both sides of the failing one), every lock goes,
+ * and the buffers stay resident and whole. */
+static void an_acquire_n_that_fails_after_its_batch_leaves_no_lock(void) {
+  enum { N = 64 };
+  spw_buf_t b[N + 1];
+  uint8_t *want[N];
+  void *d[N + 1];
+  for (int i = 0; i < N; i++) b[i] = uploaded(4096, 700 + (uint64_t)i, &want[i]);
+  spw_buf_t gone;
+  ASSERT_OK(spw_alloc(rt, 4096, s, &gone));
+  ASSERT_OK(spw_free(rt, gone));
+  b[N] = b[N / 2];
+  b[N / 2] = gone; /* the failing lock, in the middle */
+  for (int flags = 0; flags <= (int)SPW_ACQUIRE_READ; flags += (int)SPW_ACQUIRE_READ) {
+    ASSERT_OK(spw_spill_n(rt, b, N / 2, SPW_TIER_HOST));
+    ASSERT_OK(spw_spill_n(rt, b + N / 2 + 1, N / 2, SPW_TIER_HOST));
+    ASSERT_OK(spw_wait_idle(rt));
+    ASSERT_STATUS(spw_acquire_n(rt, b, N + 1, s, (unsigned)flags, d), SPW_ERR_FREED);
+    for (int i = 0; i <= N; i++) {
+      if (i == N / 2) continue;
+      uint32_t locks = 1;
+      ASSERT_OK(spw_buf_lock_count(rt, b[i], &locks));
+      ASSERT_UEQ(locks, 0);
+      ASSERT_EQ(state_of(rt, b[i]), SPW_STATE_RESIDENT);
+    }
+  }
+  b[N / 2] = b[N];
+  for (int i = 0; i < N; i++) {
+    expect_contents(b[i], 0, want[i], 4096, 700 + (uint64_t)i);
+    ASSERT_OK(spw_free(rt, b[i]));
+    free(want[i]);
+  }
+}
+
 static void seed(void) {
   rng_state = spw_test_seed();
   setenv("SPILLWAY_ENGINE_HELPERS", "3", 0); /* the slices of large requests, on any machine */
@@ -721,6 +756,7 @@ static const spw_test_t tests[] = {
     TEST(a_large_request_is_spilled_in_slices_and_nothing_is_lost),
     TEST(an_acquire_n_of_many_spilled_buffers_comes_back_in_slices_beside_a_prefetch),
     TEST(an_acquire_n_keeps_clean_host_copies_only_when_read_only),
+    TEST(an_acquire_n_that_fails_after_its_batch_leaves_no_lock),
     TEST(arena_buffers_keep_their_data_through_spills),
     TEST(arena_memory_comes_back_for_the_next_allocation),
     TEST(arena_memory_freed_while_idle_comes_back_at_once),

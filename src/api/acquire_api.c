@@ -35,16 +35,19 @@ int spw_acquire_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, spw_stream
   void *stack_ptrs[16];
   void **ptrs = n <= 16 ? stack_ptrs : malloc(n * sizeof *ptrs);
   if (!ptrs) return SPW_ERR_SYSTEM;
-  size_t locked = 0, pushed = 0;
-  spw__lock_n_prepare(rt, bufs, n, flags);
+  /* A buffer the batch from host brought back is locked already (ptrs[i] set). */
+  for (size_t i = 0; i < n; i++) ptrs[i] = NULL;
+  spw__lock_n_prepare(rt, bufs, n, flags, ptrs);
+  size_t locked = 0;
   for (; locked < n; locked++) {
+    if (ptrs[locked]) continue;
     st = spw__lock(rt, bufs[locked], e->bstream, flags, &ptrs[locked]);
     if (st != SPW_OK) break;
   }
-  for (; st == SPW_OK && pushed < n; pushed++) st = spw__lockmap_push(e, bufs[pushed]);
-  if (st != SPW_OK) { /* all or nothing: undo what was taken */
-    for (size_t i = 0; i < pushed; i++) spw__lockmap_remove(e, bufs[i]);
-    for (size_t i = 0; i < locked; i++) spw__unlock(rt, bufs[i]);
+  if (st == SPW_OK) st = spw__lockmap_push_n(e, bufs, n);
+  if (st != SPW_OK) { /* all or nothing: undo what was taken, the batch's locks included */
+    for (size_t i = 0; i < n; i++)
+      if (i < locked || (i > locked && ptrs[i])) spw__unlock(rt, bufs[i]);
   } else {
     for (size_t i = 0; i < n; i++) dptrs[i] = ptrs[i];
   }

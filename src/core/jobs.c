@@ -237,7 +237,8 @@ static void run_prefetches(spw_runtime_t *rt, const taken_t *t, size_t n) {
    * thread (one staging pipeline: slices would only take turns), unless the slices found
    * every buffer on host or on the device: then its look at each would find nothing. */
   size_t elsewhere = 0;
-  spw__prefetch_sliced(rt, all, n, 1, 1, &elsewhere);
+  const spw_up_how_t how = {.hint = 1, .keep = 1};
+  spw__prefetch_sliced(rt, all, n, &how, &elsewhere);
   if (elsewhere) spw__prefetch_from_disk(rt, all, n, 1);
   free(all);
 }

@@ -167,25 +167,53 @@ int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_t stream, unsigned flag
   }
 }
 
-void spw__lock_n_prepare(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, unsigned flags) {
+void spw__lock_n_prepare(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, unsigned flags,
+                         void **locked) {
   if (n < 2 || (flags & SPW_ACQUIRE_TRY) || spw__in_callback(rt)) return;
-  spw_buf_t stack[2 * 64];
-  spw_buf_t *host = n <= 64 ? stack : malloc(2 * n * sizeof *host);
-  if (!host) return;
-  spw_buf_t *disk = host + n;
+  /* Where each buffer on host is in bufs; each buffer on disk. */
+  enum { ON_STACK = 64 };
+  typedef struct {
+    size_t at;
+    spw_buf_t disk;
+  } row_t;
+  row_t stack[ON_STACK];
+  row_t *row = n <= ON_STACK ? stack : malloc(n * sizeof *row);
+  if (!row) return;
   size_t k = 0, kd = 0;
   for (size_t i = 0; i < n; i++) {
     spw_slot_t *s;
     uint64_t w;
     if (spw__handles_lookup(&rt->handles, bufs[i], &s, &w) != SPW_OK) continue;
-    if (spw__w_state(w) == SPW_STATE_HOST) host[k++] = bufs[i];
-    if (spw__w_state(w) == SPW_STATE_DISK) disk[kd++] = bufs[i];
+    if (spw__w_state(w) == SPW_STATE_HOST) row[k++].at = i;
+    if (spw__w_state(w) == SPW_STATE_DISK) row[kd++].disk = bufs[i];
   }
   /* One at a time costs a copy launch and an event each (and from disk, a request in flight
-   * alone): a batch is one copy per part, and many requests in flight. */
-  if (k >= 2) spw__prefetch_sliced(rt, host, k, 0, (flags & SPW_ACQUIRE_READ) != 0, NULL);
-  if (kd >= 2) spw__prefetch_from_disk(rt, disk, kd, 0);
-  if (host != stack) free(host);
+   * alone): a batch is one copy per part, and many requests in flight. A writable acquire's
+   * batch keeps no clean copy (its lock would drop it), and takes the locks itself. */
+  if (k >= 2) {
+    spw_buf_t *hs = malloc(k * sizeof *hs);
+    void **got = malloc(k * sizeof *got);
+    if (hs && got) {
+      for (size_t j = 0; j < k; j++) {
+        hs[j] = bufs[row[j].at];
+        got[j] = NULL;
+      }
+      const spw_up_how_t how = {.keep = (flags & SPW_ACQUIRE_READ) != 0, .locked = got};
+      spw__prefetch_sliced(rt, hs, k, &how, NULL);
+      for (size_t j = 0; j < k; j++) locked[row[j].at] = got[j];
+    }
+    free(hs);
+    free(got);
+  }
+  if (kd >= 2) {
+    spw_buf_t *disk = malloc(kd * sizeof *disk);
+    if (disk) {
+      for (size_t j = 0; j < kd; j++) disk[j] = row[j].disk;
+      spw__prefetch_from_disk(rt, disk, kd, 0);
+    }
+    free(disk);
+  }
+  if (row != stack) free(row);
 }
 
 static void unlock(spw_runtime_t *rt, spw_buf_t h, int done) {

@@ -11,12 +11,14 @@
  * spw_acquire. */
 int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_t stream, unsigned flags, void **dptr);
 /* Before n locks are taken one by one: brings the buffers among bufs that are on host back
- * as one batch (one copy for the small ones), and those on disk as another (many requests
- * in flight), on this thread, so that the locks then find them on the device. Does nothing
- * for fewer than two such buffers of a tier, for SPW_ACQUIRE_TRY, and
- * inside a controller callback. A buffer it cannot bring back is left for the lock to
- * report. */
-void spw__lock_n_prepare(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, unsigned flags);
+ * as one batch (one copy for the small ones, in slices), and those on disk as another (many
+ * requests in flight), so that the locks then find them on the device. The host batch
+ * takes a lock (`flags`) on each buffer it brings back and sets locked[i] (n entries, NULL
+ * on entry) to its device pointer: those need no lock call. Does nothing for fewer than two
+ * such buffers of a tier, for SPW_ACQUIRE_TRY, and inside a controller callback. A buffer
+ * it cannot bring back is left for the lock to report. */
+void spw__lock_n_prepare(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, unsigned flags,
+                         void **locked);
 /* Drops one lock of h (its lock map entry is gone already). The last lock of a freed
  * buffer finishes its free. */
 void spw__unlock(spw_runtime_t *rt, spw_buf_t h);

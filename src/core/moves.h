@@ -83,21 +83,30 @@ size_t spw__prefetch_from_disk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n,
  * kept as a clean copy. */
 int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, unsigned flags,
                  uint32_t locks, void **dptr);
+/* How a batch brings buffers back (spw__prefetch_batch). */
+typedef struct spw_up_how {
+  /* A prefetch hint, not an acquire's own batch: room comes from spw__device_get_hint, the
+   * buffers brought back count as prefetched, and once no room is left the rest stay where
+   * they are (stats.prefetch_dropped). */
+  int hint;
+  int keep; /* each host copy kept as a clean copy; else it goes back, a part at a time */
+  /* An spw_acquire_n's batch: per buffer of hs, its device pointer when the batch committed
+   * it RESIDENT with one lock already taken for the caller (else left as it is); NULL for
+   * none. */
+  void **locked;
+} spw_up_how_t;
 /* Brings the HOST buffers among hs back as pipelined batches, marking each RESIDENT once
- * its copy has completed (with `keep`, its host copy kept as a clean copy; else the host
- * memory goes back, a part at a time); others are skipped, and *elsewhere
- * (may be NULL) counts those found neither on host nor on the device (on disk, or moving).
- * With `hint` (a prefetch hint, not an acquire's own batch) room comes from spw__device_get_hint: the
- * buffers brought back count as prefetched, and once no room is left the rest stay where
- * they are (stats.prefetch_dropped). Returns how many moved. */
-size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint,
-                           int keep, size_t *elsewhere);
+ * its copy has completed, as `how` says; others are skipped, and *elsewhere (may be NULL)
+ * counts those found neither on host nor on the device (on disk, or moving). Returns how
+ * many moved. */
+size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n,
+                           const spw_up_how_t *how, size_t *elsewhere);
 /* spw__prefetch_batch over hs, a large request cut into slices that the up lane's helpers
  * bring back at once with the calling thread (spw__slice_count); it waits for a sliced run
  * of the up lane under way. Never call it from one of those helpers. Returns how many
  * moved. */
-size_t spw__prefetch_sliced(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint,
-                            int keep, size_t *elsewhere);
+size_t spw__prefetch_sliced(spw_runtime_t *rt, const spw_buf_t *hs, size_t n,
+                            const spw_up_how_t *how, size_t *elsewhere);
 
 /* ---- victims.c ---- */
 /* Spills least-recently-used unlocked buffers (the controller's choices first) until

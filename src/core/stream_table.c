@@ -141,6 +141,18 @@ int spw__lockmap_push(spw_stream_entry_t *e, spw_buf_t b) {
   return SPW_OK;
 }
 
+int spw__lockmap_push_n(spw_stream_entry_t *e, const spw_buf_t *bufs, size_t n) {
+  spw__spin_lock(&e->lock_mu);
+  spw_buf_t *grown = spw__grow(e->locks, &e->cap, e->nlocks + n, sizeof *grown, 16);
+  if (grown) {
+    e->locks = grown;
+    memcpy(e->locks + e->nlocks, bufs, n * sizeof *bufs);
+    e->nlocks += n;
+  }
+  spw__spin_unlock(&e->lock_mu);
+  return grown ? SPW_OK : SPW_ERR_SYSTEM;
+}
+
 int spw__lockmap_remove(spw_stream_entry_t *e, spw_buf_t b) {
   int found = 0;
   spw__spin_lock(&e->lock_mu);

@@ -57,6 +57,8 @@ int spw__streams_insert(spw_stream_table_t *t, spw_stream_t s, spw_stream_t bstr
 
 /* Lock map operations. push: SPW_ERR_SYSTEM when memory runs out (nothing recorded). */
 int spw__lockmap_push(spw_stream_entry_t *e, spw_buf_t b);
+/* Records bufs[0..n), all or nothing, under one hold of the spin lock. */
+int spw__lockmap_push_n(spw_stream_entry_t *e, const spw_buf_t *bufs, size_t n);
 /* Removes one entry equal to b; returns 1 if found. */
 int spw__lockmap_remove(spw_stream_entry_t *e, spw_buf_t b);
 /* Removes one entry for each of bufs[0..n), all or nothing, under one hold of the spin

@@ -87,6 +87,7 @@ int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, un
 
 typedef struct up_item {
   spw_move_t m;
+  size_t at; /* its index in the request */
   void *d;
   int status;
   int dropped; /* a hint's buffer that found no room that would stay: left where it is */
@@ -112,8 +113,7 @@ typedef struct up_run {
   up_scratch_t *scratch;
   spw_stream_t h2d;
   uint64_t held;  /* reserved for items not yet committed (this part and the one in flight) */
-  int hint;       /* a prefetch hint: room as spw__device_get_hint gives it */
-  int keep;       /* keep each host copy as a clean copy (not for a writable acquire_n) */
+  spw_up_how_t how;
   int full;       /* (hint) no more room: the rest of the request is dropped */
   size_t moved;
   uint64_t moved_bytes;
@@ -124,7 +124,7 @@ typedef struct up_run {
 static void up_unreserve(up_run_t *r, up_item_t *it, int st) {
   r->held -= it->m.size;
   it->status = st;
-  if (r->hint) {
+  if (r->how.hint) {
     r->full = 1;
     it->dropped = 1;
   }
@@ -143,7 +143,7 @@ static void up_claim(up_run_t *r, size_t want) {
       continue;
     }
     up_item_t *it = &r->it[r->n];
-    *it = (up_item_t){.status = SPW_OK};
+    *it = (up_item_t){.at = r->looked, .status = SPW_OK};
     if (spw__move_begin(r->rt, SPW_MOVE_UNSPILL, h, s, SPW_CLAIM_WAIT, &it->m)) r->n++;
     else r->other++;
   }
@@ -164,8 +164,8 @@ static void up_start(void *ctx, spw_part_t *p) {
     if (r->full) {
       it->status = SPW_ERR_OUT_OF_MEMORY;
     } else {
-      it->status = spw__device_reserve(r->rt, it->m.size, r->held, r->hint);
-      if (r->hint) r->full = it->status == SPW_ERR_OUT_OF_MEMORY;
+      it->status = spw__device_reserve(r->rt, it->m.size, r->held, r->how.hint);
+      if (r->how.hint) r->full = it->status == SPW_ERR_OUT_OF_MEMORY;
     }
     /* Room that only what this prefetch holds can give: finish what is in flight first. */
     if (it->status == SPW_ERR_NOT_READY) break;
@@ -190,7 +190,7 @@ static void up_start(void *ctx, spw_part_t *p) {
       up_unreserve(r, it, SPW_ERR_OUT_OF_MEMORY);
       continue;
     } else {
-      int st = spw__device_alloc_reserved(r->rt, it->m.size, r->h2d, r->hint,
+      int st = spw__device_alloc_reserved(r->rt, it->m.size, r->h2d, r->how.hint,
                                           spw__slot_va(it->m.s), &it->d);
       if (st != SPW_OK) { /* the reservation went back with the failure */
         it->d = NULL;
@@ -225,8 +225,12 @@ static void up_finish(void *ctx, spw_part_t *p) {
      * arena lock (freed one by one here instead, with the batch's threads queueing on the
      * arena's mutex, that acquire_n fell from 16 to 9 GB/s at 4 KiB x 65536 on an H100). */
     spw_place_t to = {.dptr = it->d}, release;
-    uint64_t flags = (r->keep ? SPW_W_CLEAN : 0) | (r->hint ? SPW_COMMIT_PREFETCHED : 0);
-    it->end = spw__move_commit_tally(rt, &it->m, &to, flags, 0, &release, &tally);
+    uint64_t flags = (r->how.keep ? SPW_W_CLEAN : 0) | (r->how.hint ? SPW_COMMIT_PREFETCHED : 0);
+    /* An acquire_n's lock is taken here, on this slice's thread, with the commit's own
+     * write of the word, not in a second pass over every buffer on the caller's. */
+    const uint32_t locks = r->how.locked ? 1 : 0;
+    it->end = spw__move_commit_tally(rt, &it->m, &to, flags, locks, &release, &tally);
+    if (locks && it->end == SPW_MOVE_DONE) r->how.locked[it->at] = it->d;
     if (release.host.ptr && !release.dptr && !release.disk.bytes) {
       r->scratch->freed[nfreed++] = release.host; /* nothing reads it: the copy is done */
     } else if (!spw__place_empty(&release)) {
@@ -242,11 +246,11 @@ static void up_finish(void *ctx, spw_part_t *p) {
   spw__host_extent_free_n(rt, r->scratch->freed, nfreed);
 }
 
-size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint,
-                           int keep, size_t *elsewhere) {
+size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n,
+                           const spw_up_how_t *how, size_t *elsewhere) {
   if (elsewhere) *elsewhere = n; /* until counted: a failure below leaves the rest to others */
   uint64_t t0 = spw__now_ns();
-  up_run_t r = {.rt = rt, .hs = hs, .nh = n, .h2d = spw__h2d(rt), .hint = hint, .keep = keep};
+  up_run_t r = {.rt = rt, .hs = hs, .nh = n, .h2d = spw__h2d(rt), .how = *how};
   r.it = malloc(n * sizeof *r.it);
   r.descs = malloc((n < UP_PART_ITEMS ? n : UP_PART_ITEMS) * sizeof *r.descs);
   r.scratch = malloc(sizeof *r.scratch);
@@ -291,7 +295,7 @@ typedef struct up_slices {
   const spw_buf_t *hs;
   size_t n;
   unsigned count;
-  int hint, keep;
+  const spw_up_how_t *how;
   atomic_size_t moved, elsewhere;
 } up_slices_t;
 
@@ -299,16 +303,17 @@ static void up_slice(void *ctx, unsigned i) {
   up_slices_t *c = ctx;
   size_t lo = c->n * i / c->count, hi = c->n * (i + 1) / c->count;
   size_t elsewhere = 0;
-  atomic_fetch_add(&c->moved, spw__prefetch_batch(c->rt, c->hs + lo, hi - lo, c->hint, c->keep,
-                                                  &elsewhere));
+  spw_up_how_t how = *c->how;
+  if (how.locked) how.locked += lo;
+  atomic_fetch_add(&c->moved, spw__prefetch_batch(c->rt, c->hs + lo, hi - lo, &how, &elsewhere));
   atomic_fetch_add(&c->elsewhere, elsewhere);
 }
 
-size_t spw__prefetch_sliced(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, int hint,
-                            int keep, size_t *elsewhere) {
+size_t spw__prefetch_sliced(spw_runtime_t *rt, const spw_buf_t *hs, size_t n,
+                            const spw_up_how_t *how, size_t *elsewhere) {
   unsigned count = spw__slice_count(rt, SPW_LANE_UP, n);
-  if (count <= 1) return spw__prefetch_batch(rt, hs, n, hint, keep, elsewhere);
-  up_slices_t c = {rt, hs, n, count, hint, keep, 0, 0};
+  if (count <= 1) return spw__prefetch_batch(rt, hs, n, how, elsewhere);
+  up_slices_t c = {rt, hs, n, count, how, 0, 0};
   spw__workers_run(rt->workers[SPW_LANE_UP], up_slice, &c, count);
   if (elsewhere) *elsewhere = atomic_load(&c.elsewhere);
   return atomic_load(&c.moved);
