@@ -633,8 +633,11 @@ static void an_acquire_n_keeps_clean_host_copies_only_when_read_only(void) {
 
 /* acquire_n is all or nothing: when a lock fails after its batch from host has brought
  * buffers back with their locks taken (on both sides of the failing one), every lock goes,
- * and the buffers stay resident and whole. */
-static void an_acquire_n_that_fails_after_its_batch_leaves_no_lock(void) {
+ * and the buffers stay resident and whole; in one batch, and in slices. */
+static void an_acquire_n_that_fails_after_its_batch_leaves_no_lock_in(int sliced) {
+  if (sliced) setenv("SPILLWAY_TEST_SLICE_MIN", "4", 1); /* read when the runtime is made */
+  reopen_fixture(NULL);
+  unsetenv("SPILLWAY_TEST_SLICE_MIN");
   enum { N = 64 };
   spw_buf_t b[N + 1];
   uint8_t *want[N];
@@ -658,12 +661,27 @@ static void an_acquire_n_that_fails_after_its_batch_leaves_no_lock(void) {
       ASSERT_EQ(state_of(rt, b[i]), SPW_STATE_RESIDENT);
     }
   }
+  /* And when it succeeds, each pointer is its own buffer's. */
   b[N / 2] = b[N];
+  ASSERT_OK(spw_spill_n(rt, b, N, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  ASSERT_OK(spw_acquire_n(rt, b, N, s, 0, d));
+  for (int i = 0; i < N; i++) {
+    void *one = NULL;
+    ASSERT_OK(spw_acquire(rt, b[i], s, SPW_ACQUIRE_READ, &one));
+    ASSERT_UEQ((uintptr_t)one, (uintptr_t)d[i]);
+  }
+  ASSERT_OK(spw_stream_synchronize(rt, s));
   for (int i = 0; i < N; i++) {
     expect_contents(b[i], 0, want[i], 4096, 700 + (uint64_t)i);
     ASSERT_OK(spw_free(rt, b[i]));
     free(want[i]);
   }
+}
+
+static void an_acquire_n_that_fails_after_its_batch_leaves_no_lock(void) {
+  an_acquire_n_that_fails_after_its_batch_leaves_no_lock_in(0);
+  an_acquire_n_that_fails_after_its_batch_leaves_no_lock_in(1);
 }
 
 static void seed(void) {

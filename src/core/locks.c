@@ -170,6 +170,15 @@ int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_t stream, unsigned flag
 void spw__lock_n_prepare(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, unsigned flags,
                          void **locked) {
   if (n < 2 || (flags & SPW_ACQUIRE_TRY) || spw__in_callback(rt)) return;
+  const spw_up_how_t how = {.keep = (flags & SPW_ACQUIRE_READ) != 0, .locked = locked};
+  if (spw__slice_count(rt, SPW_LANE_UP, n) > 1) {
+    /* Large enough for slices: they look at every buffer themselves, at once, instead of
+     * this thread first, one by one, reading words other cores have just written. */
+    size_t elsewhere = 0;
+    spw__prefetch_sliced(rt, bufs, n, &how, &elsewhere);
+    if (elsewhere >= 2) spw__prefetch_from_disk(rt, bufs, n, 0);
+    return;
+  }
   /* Where each buffer on host is in bufs; each buffer on disk. */
   enum { ON_STACK = 64 };
   typedef struct {
@@ -198,8 +207,9 @@ void spw__lock_n_prepare(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, uns
         hs[j] = bufs[row[j].at];
         got[j] = NULL;
       }
-      const spw_up_how_t how = {.keep = (flags & SPW_ACQUIRE_READ) != 0, .locked = got};
-      spw__prefetch_sliced(rt, hs, k, &how, NULL);
+      spw_up_how_t some = how;
+      some.locked = got;
+      spw__prefetch_batch(rt, hs, k, &some, NULL);
       for (size_t j = 0; j < k; j++) locked[row[j].at] = got[j];
     }
     free(hs);
