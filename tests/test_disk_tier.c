@@ -643,6 +643,15 @@ static void freed_disk_space_goes_back_to_the_file_system(void) {
   ASSERT_LT(now, kept_at_most);
 }
 
+/* A host backend of its own for a disk tier driven directly (no runtime). */
+static spw_backend_t *small_host_backend(void) {
+  spw_backend_params_t bp = {0};
+  bp.host_device_bytes = 16 * MIB;
+  spw_backend_t *be = NULL;
+  ASSERT_OK(spw__backend_host_ops.create(&bp, &be));
+  return be;
+}
+
 /* Freed space goes back only while the tier is quiet: a hole punch beside a transfer stalls
  * it (ext4 and XFS wait for every direct transfer in flight; with discard the range is
  * discarded too), and reads back beside sweep steps ran at 0.53-0.69 of an H100 machine's
@@ -650,10 +659,7 @@ static void freed_disk_space_goes_back_to_the_file_system(void) {
 static void a_sweep_step_waits_until_the_disk_has_been_quiet(void) {
   make_dir(fx_dir, sizeof fx_dir, "quiet");
   const spw_backend_ops_t *ops = &spw__backend_host_ops;
-  spw_backend_params_t bp = {0};
-  bp.host_device_bytes = 16 * MIB;
-  spw_backend_t *be = NULL;
-  ASSERT_OK(ops->create(&bp, &be));
+  spw_backend_t *be = small_host_backend();
   const uint64_t quiet_ns = 500 * 1000 * 1000;
   spw_disk_params_t p = {.ops = ops, .be = be, .dir = fx_dir, .grow_step = 4 * MIB,
                          .quiet_ns = quiet_ns};
@@ -730,10 +736,7 @@ static void *write_thread(void *arg) {
 static void a_transfer_waits_for_a_running_sweep_step(void) {
   make_dir(fx_dir, sizeof fx_dir, "held");
   const spw_backend_ops_t *ops = &spw__backend_host_ops;
-  spw_backend_params_t bp = {0};
-  bp.host_device_bytes = 16 * MIB;
-  spw_backend_t *be = NULL;
-  ASSERT_OK(ops->create(&bp, &be));
+  spw_backend_t *be = small_host_backend();
   held_sweep_t h = {.mu = PTHREAD_MUTEX_INITIALIZER, .cv = PTHREAD_COND_INITIALIZER};
   spw_disk_params_t p = {.ops = ops, .be = be, .dir = fx_dir, .grow_step = 4 * MIB,
                          .quiet_ns = 1000 * 1000, .test_in_sweep = hold_sweep_step,
