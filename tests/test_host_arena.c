@@ -540,6 +540,32 @@ static void bad_frees_are_ignored(void) {
   end_arena(a);
 }
 
+/* A batch's extents go back under one lock: each is emptied, the free ranges coalesce as
+ * one by one would, and empty or already freed entries among them are ignored. */
+static void extents_freed_together_come_back_as_one_by_one(void) {
+  spw_host_arena_t *a = new_arena(0, SLAB);
+  enum { N = 6 };
+  spw_host_extent_t e[N + 2], stale;
+  for (int i = 0; i < N; i++) ASSERT_OK(spw__arena_alloc(a, 4 * KiB, &e[i]));
+  void *start = e[0].ptr;
+  stale = e[1];
+  spw__arena_free(a, &stale); /* e[1] is freed already; its copy in e[] is stale */
+  e[N] = (spw_host_extent_t){0};
+  e[N + 1] = e[1];
+  ASSERT_UEQ(stats(a).in_use, (N - 1) * 4 * KiB);
+  spw__arena_free_n(a, e, N + 2);
+  for (int i = 0; i < N + 2; i++) ASSERT_TRUE(e[i].ptr == NULL || i == 1 || i == N + 1);
+  ASSERT_UEQ(stats(a).in_use, 0);
+  spw_host_extent_t all;
+  ASSERT_OK(spw__arena_alloc(a, SLAB, &all)); /* one range again */
+  ASSERT_TRUE(all.ptr == start);
+  ASSERT_UEQ(registers(), 1);
+  spw__arena_free(a, &all);
+  spw__arena_free_n(a, NULL, 3);
+  spw__arena_free_n(NULL, e, 1);
+  end_arena(a);
+}
+
 static void bad_arguments_are_invalid_arg(void) {
   spw_host_arena_t *a = NULL;
   ASSERT_STATUS(spw__arena_create(NULL, host_backend, 0, 0, &a), SPW_ERR_INVALID_ARG);
@@ -719,6 +745,7 @@ static const spw_test_t tests[] = {
     TEST(extents_never_overlap),
     TEST(freed_extent_is_reused),
     TEST(adjacent_free_extents_coalesce),
+    TEST(extents_freed_together_come_back_as_one_by_one),
     TEST(limit_gives_host_out_of_memory_and_changes_nothing),
     TEST(last_room_under_the_limit_gets_a_smaller_slab),
     TEST(empty_slab_is_unregistered_beyond_the_two_kept),

@@ -679,6 +679,32 @@ static void an_acquire_n_that_fails_after_its_batch_leaves_no_lock_in(int sliced
   }
 }
 
+/* The host copies a writable acquire_n's batch gives back are free again: cycles of spill
+ * and acquire_n of 256 KiB under a 1 MiB host limit keep every spill on host (a leak of
+ * one cycle's copies would send the fourth cycle's to disk). */
+static void a_writable_acquire_n_gives_its_host_memory_back(void) {
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.host_limit = 1 * MIB;
+  reopen_fixture(&cfg);
+  enum { N = 64 };
+  spw_buf_t b[N];
+  uint8_t *want[N];
+  void *d[N];
+  for (int i = 0; i < N; i++) b[i] = uploaded(4096, 900 + (uint64_t)i, &want[i]);
+  for (int cycle = 0; cycle < 12; cycle++) {
+    ASSERT_OK(spw_spill_n(rt, b, N, SPW_TIER_HOST));
+    ASSERT_OK(spw_wait_idle(rt));
+    for (int i = 0; i < N; i++) ASSERT_EQ(state_of(rt, b[i]), SPW_STATE_HOST);
+    ASSERT_OK(spw_acquire_n(rt, b, N, s, 0, d));
+    ASSERT_OK(spw_stream_synchronize(rt, s));
+  }
+  for (int i = 0; i < N; i++) {
+    expect_contents(b[i], 0, want[i], 4096, 900 + (uint64_t)i);
+    ASSERT_OK(spw_free(rt, b[i]));
+    free(want[i]);
+  }
+}
+
 static void an_acquire_n_that_fails_after_its_batch_leaves_no_lock(void) {
   an_acquire_n_that_fails_after_its_batch_leaves_no_lock_in(0);
   an_acquire_n_that_fails_after_its_batch_leaves_no_lock_in(1);
@@ -775,6 +801,7 @@ static const spw_test_t tests[] = {
     TEST(an_acquire_n_of_many_spilled_buffers_comes_back_in_slices_beside_a_prefetch),
     TEST(an_acquire_n_keeps_clean_host_copies_only_when_read_only),
     TEST(an_acquire_n_that_fails_after_its_batch_leaves_no_lock),
+    TEST(a_writable_acquire_n_gives_its_host_memory_back),
     TEST(arena_buffers_keep_their_data_through_spills),
     TEST(arena_memory_comes_back_for_the_next_allocation),
     TEST(arena_memory_freed_while_idle_comes_back_at_once),

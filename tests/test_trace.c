@@ -202,7 +202,7 @@ static trace_t load_valid(const char *path) {
   return t;
 }
 
-static spw_runtime_t *traced_runtime(const char *path, uint64_t cap) {
+static spw_config_t traced_config(const char *path, uint64_t cap) {
   spw_config_t cfg = SPW_CONFIG_INIT;
   cfg.device_limit = 8 * MIB;
   cfg.host_device_bytes = 64 * MIB;
@@ -214,6 +214,11 @@ static spw_runtime_t *traced_runtime(const char *path, uint64_t cap) {
   cfg.low_watermark = 0.9;
   cfg.trace_path = path;
   cfg.trace_max_bytes = cap;
+  return cfg;
+}
+
+static spw_runtime_t *traced_runtime(const char *path, uint64_t cap) {
+  spw_config_t cfg = traced_config(path, cap);
   return test_runtime(&cfg);
 }
 
@@ -306,14 +311,7 @@ static void a_batch_is_one_slice(void) {
 static void a_large_request_is_one_slice_per_helper_and_the_lane(void) {
   char path[300];
   in_dir(path, "t.json");
-  spw_config_t cfg = SPW_CONFIG_INIT;
-  cfg.device_limit = 8 * MIB;
-  cfg.host_device_bytes = 64 * MIB;
-  cfg.spill_dir = dir;
-  cfg.io = SPW_IO_POSIX;
-  cfg.high_watermark = 1.0;
-  cfg.low_watermark = 0.9;
-  cfg.trace_path = path;
+  spw_config_t cfg = traced_config(path, 0);
   cfg.engine_helpers = 3;
   setenv("SPILLWAY_TEST_SLICE_MIN", "4", 1); /* read once, when the runtime is created */
   spw_runtime_t *rt = test_runtime(&cfg);
