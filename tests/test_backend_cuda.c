@@ -421,6 +421,68 @@ static void test_copy_batch_any_alignment_round_trip(void) {
   free(size);
 }
 
+/* On a stream with a stage, runs of small buffers whose host sides lie back to back cross
+ * in one transfer each (several when a run is larger than the stage), the others as
+ * without one: buffers of 1 B .. 2 MiB, host extents back to back (align 1, no gap), then
+ * apart, arrive intact through H2D then D2H, and nothing around them is touched. */
+static void test_copy_batch_through_a_stage_round_trip(void) {
+  spw_backend_t *b = be;
+  enum { N = 900 };
+  for (int apart = 0; apart <= 1; apart++) {
+    uint64_t rng = 0x57A6 + (uint64_t)apart;
+    size_t *size = random_sizes(N, apart ? 300 * KiB : 2 * MiB, &rng);
+    extents_t src_e = place(size, N, apart ? 4096 : 1, apart ? 64 : 0, 0, &rng);
+    extents_t dev_e = place(size, N, 256, 64, 0, &rng);
+    extents_t dst_e = place(size, N, apart ? 4096 : 1, apart ? 64 : 0, 0, &rng);
+    spw_stream_t s;
+    ASSERT_OK(ops->stream_create(b, &s));
+    ASSERT_OK(ops->stream_stage(b, s, 64 * KiB));
+    uint8_t *src = registered_slab(b, src_e.span), *dst = registered_slab(b, dst_e.span);
+    fill_extents(src, &src_e, 51);
+    memset(dst, SENTINEL, dst_e.span);
+    uint8_t *dev = NULL;
+    ASSERT_OK(ops->alloc_async(b, dev_e.span, s, (void **)&dev));
+    ASSERT_EQ(cudaMemsetAsync(dev, SENTINEL, dev_e.span, s), cudaSuccess);
+    spw_copy_desc_t *in = descs_for(&dev_e, dev, &src_e, src);
+    spw_copy_desc_t *out = descs_for(&dst_e, dst, &dev_e, dev);
+    ASSERT_OK(ops->copy_batch_async(b, in, N, SPW_COPY_H2D, s));
+    ASSERT_OK(ops->copy_batch_async(b, out, N, SPW_COPY_D2H, s));
+    uint8_t *back = malloc(dev_e.span);
+    ASSERT_TRUE(back != NULL);
+    ASSERT_OK(ops->memcpy_async(b, back, dev, dev_e.span, s));
+    ASSERT_OK(ops->free_async(b, dev, s));
+    ASSERT_OK(ops->stream_sync(b, s));
+    check_extents(back, &dev_e, 51, "device");
+    check_extents(dst, &dst_e, 51, "host");
+    ASSERT_OK(ops->stream_destroy(b, s));
+    free_slab(b, src, src_e.span);
+    free_slab(b, dst, dst_e.span);
+    free(back);
+    free(in);
+    free(out);
+    free(src_e.off);
+    free(dev_e.off);
+    free(dst_e.off);
+    free(size);
+  }
+}
+
+/* A stage is given only to a stream the backend made, and once. */
+static void test_a_stage_is_for_a_stream_the_backend_made(void) {
+  spw_backend_t *b = be;
+  spw_stream_t s;
+  ASSERT_OK(ops->stream_create(b, &s));
+  ASSERT_STATUS(ops->stream_stage(b, NULL, 4096), SPW_ERR_INVALID_ARG);
+  ASSERT_STATUS(ops->stream_stage(b, s, 0), SPW_ERR_INVALID_ARG);
+  cudaStream_t other;
+  ASSERT_EQ(cudaStreamCreate(&other), cudaSuccess);
+  ASSERT_STATUS(ops->stream_stage(b, other, 4096), SPW_ERR_INVALID_STREAM);
+  ASSERT_OK(ops->stream_stage(b, s, 4096));
+  ASSERT_STATUS(ops->stream_stage(b, s, 4096), SPW_ERR_BUSY);
+  ASSERT_OK(ops->stream_destroy(b, s));
+  ASSERT_EQ(cudaStreamDestroy(other), cudaSuccess);
+}
+
 static void test_event_never_recorded_is_complete(void) {
   spw_backend_t *b = be;
   spw_bevent_t *e = NULL;
@@ -556,6 +618,8 @@ static const spw_test_t tests[] = {
     TEST(test_copy_batch_d2h_3000_buffers),
     TEST(test_copy_batch_h2d_3000_buffers),
     TEST(test_copy_batch_any_alignment_round_trip),
+    TEST(test_copy_batch_through_a_stage_round_trip),
+    TEST(test_a_stage_is_for_a_stream_the_backend_made),
     TEST(test_event_never_recorded_is_complete),
     TEST(test_event_query_not_ready_until_host_func_returns),
     TEST(test_stream_wait_event_orders_streams),

@@ -111,6 +111,14 @@ typedef struct spw_backend_ops {
    * off to memcpy_async. `descs` may be reused by the caller as soon as this returns. */
   int (*copy_batch_async)(spw_backend_t *b, const spw_copy_desc_t *descs, size_t n,
                           spw_copy_dir_t dir, spw_stream_t s);
+  /* Optional (NULL: none). Gives stream `s` (made by stream_create) `bytes` of device
+   * staging for copy_batch_async: small buffers whose host sides lie back to back then
+   * cross the link in one copy-engine transfer (gathered or scattered on the device),
+   * instead of a kernel reading or writing mapped host memory. Freed with the stream. Errors:
+   * SPW_ERR_INVALID_ARG, SPW_ERR_INVALID_STREAM (not made by stream_create), SPW_ERR_BUSY
+   * (it has one, or four streams have), SPW_ERR_OUT_OF_MEMORY; then nothing changes and
+   * the batches go as before. */
+  int (*stream_stage)(spw_backend_t *b, spw_stream_t s, size_t bytes);
 
   /* Pins host memory for fast and mapped copies (cudaHostRegister, portable | mapped);
    * `ptr` page-aligned, `bytes` a multiple of the page size. Host backend: no-op. */

@@ -120,6 +120,10 @@ static int sh_copy_batch(spw_backend_t *b, const spw_copy_desc_t *d, size_t n, s
   FAIL_IF(SPW_FAULT_COPY, st, SPW_ERR_CUDA);
   return SHIM(b)->ops->copy_batch_async(INNER(b), d, n, dir, st);
 }
+static int sh_stream_stage(spw_backend_t *b, spw_stream_t st, size_t bytes) {
+  const spw_backend_ops_t *in = SHIM(b)->ops;
+  return in->stream_stage ? in->stream_stage(INNER(b), st, bytes) : SPW_ERR_UNSUPPORTED;
+}
 static int sh_host_register(spw_backend_t *b, void *p, size_t n) {
   FAIL_IF(SPW_FAULT_HOST_REGISTER, NULL, SPW_ERR_CUDA);
   return SHIM(b)->ops->host_register(INNER(b), p, n);
@@ -217,6 +221,7 @@ static const spw_backend_ops_t shim_ops = {
     .stream_wait_event = sh_stream_wait_event,
     .memcpy_async = sh_memcpy,
     .copy_batch_async = sh_copy_batch,
+    .stream_stage = sh_stream_stage,
     .host_register = sh_host_register,
     .host_unregister = sh_host_unregister,
     .launch_host_func = sh_launch_host_func,
