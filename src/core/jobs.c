@@ -6,8 +6,9 @@
  * older one. So the work a burst of hints leaves behind is at most one move per buffer, and
  * spw_wait_idle, which waits for what was queued before it, waits for no more than that.
  *
- * Each lane takes its whole queue at once: the down lane claims the spills of every queued
- * buffer into one batch per tier (demotions go one by one), then spills in the background
+ * Each lane takes its whole queue at once: the down lane spills every queued buffer as one
+ * batch per tier (demotions go one by one), its slices taking the wishes out of the set and
+ * claiming them a part at a time as the batch goes, then spills in the background
  * if usage is above the high watermark, and as housekeeping sweeps freed disk space a little
  * at a time; the up lane brings the host buffers of every queued prefetch back as one
  * batch, then the buffers on disk as another, into room that does not push out earlier
@@ -15,6 +16,7 @@
 #include "jobs.h"
 
 #include <stdlib.h>
+#include <string.h>
 
 #include "moves.h"
 
@@ -90,42 +92,50 @@ static int submit(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_wish_t w
   return st;
 }
 
-/* Takes the lane's queued buffers out of the set: those whose wish is this lane's are
- * returned (malloc'd, *n of them), the others are left to the lane their wish names. A
- * taken wish leaves the set at once (one pass over the buffers, not a second one to settle
- * them when the run ends): from now on it is the lane's work, no longer a pending hint, so
- * an equal hint sent while the lane works is queued again, once (the lane may have passed
- * the buffer already), and a different one is a new wish, not a replacement. */
+/* Takes hs[0..n)'s wishes for `lane` out of the set: those whose wish is this lane's go to
+ * out[] (returns how many), the others are left to the lane their wish names. A taken wish
+ * leaves the set at once (one pass over the buffers, not a second one to settle them when
+ * the run ends): from now on it is the lane's work, no longer a pending hint, so an equal
+ * hint sent while the lane works is queued again, once (the lane may have passed the buffer
+ * already), and a different one is a new wish, not a replacement. With out NULL (no memory
+ * for the list) the wishes are dropped, as a hint may be. */
+static size_t take_some(spw_runtime_t *rt, spw_lane_t lane, const spw_buf_t *hs, size_t n,
+                        taken_t *out) {
+  size_t got = 0, dropped = 0;
+  pthread_mutex_lock(&rt->hints_mu);
+  for (size_t i = 0; i < n; i++) {
+    spw_hint_t *e = spw__hints_find(&rt->hints, hs[i]);
+    if (!e) continue;
+    /* Read once, written once: a byte store then a wider load of the same cell stalls. */
+    uint8_t wish = e->wish, queued = (uint8_t)(e->queued & ~(1u << lane));
+    if (wish != SPW_WISH_NONE && lane_of((spw_wish_t)wish) == lane) {
+      if (out) out[got++] = (taken_t){hs[i], (spw_wish_t)wish};
+      wish = SPW_WISH_NONE;
+    }
+    if (wish == SPW_WISH_NONE && queued == 0) {
+      *e = (spw_hint_t){0};
+      dropped++;
+    } else {
+      e->wish = wish;
+      e->queued = queued;
+    }
+  }
+  spw__hints_count(&rt->hints, -(ptrdiff_t)dropped);
+  pthread_mutex_unlock(&rt->hints_mu);
+  return got;
+}
+
+/* Takes every queued buffer of `jobs` for `lane` at once (take_some): returned malloc'd, *n
+ * of them; NULL when there is no memory for the list (the wishes dropped). */
 static taken_t *take(spw_runtime_t *rt, spw_lane_t lane, spw_job_t *jobs, size_t *n) {
   size_t cap = 0;
   for (spw_job_t *l = jobs; l; l = l->next) cap += ((job_t *)(void *)l)->n;
   taken_t *t = malloc((cap ? cap : 1) * sizeof *t);
   *n = 0;
-  pthread_mutex_lock(&rt->hints_mu);
-  size_t dropped = 0;
   for (spw_job_t *l = jobs; l; l = l->next) {
     job_t *j = (job_t *)(void *)l;
-    for (size_t i = 0; i < j->n; i++) {
-      spw_hint_t *e = spw__hints_find(&rt->hints, j->hs[i]);
-      if (!e) continue;
-      /* Read once, written once: a byte store then a wider load of the same cell stalls. */
-      uint8_t wish = e->wish, queued = (uint8_t)(e->queued & ~(1u << lane));
-      if (wish != SPW_WISH_NONE && lane_of((spw_wish_t)wish) == lane) {
-        /* Without memory for the list the wish is dropped, as a hint may be. */
-        if (t) t[(*n)++] = (taken_t){j->hs[i], (spw_wish_t)wish};
-        wish = SPW_WISH_NONE;
-      }
-      if (wish == SPW_WISH_NONE && queued == 0) {
-        *e = (spw_hint_t){0};
-        dropped++;
-      } else {
-        e->wish = wish;
-        e->queued = queued;
-      }
-    }
+    *n += take_some(rt, lane, j->hs, j->n, t ? t + *n : NULL);
   }
-  spw__hints_count(&rt->hints, -(ptrdiff_t)dropped);
-  pthread_mutex_unlock(&rt->hints_mu);
   if (!t) spw__set_async_error(rt, SPW_ERR_SYSTEM);
   return t;
 }
@@ -155,23 +165,38 @@ static void spill_one(spw_runtime_t *rt, spw_buf_t h, spw_tier_t tier, spw_victi
   else v[(*nv)++] = one;
 }
 
-/* The buffers of a slice of a spill request, claimed as its batch's parts need them: host
- * victims go where the batch says, disk victims fill the slice's array from the back (vd[k]
- * points at v[n - 1 - k]): together they never hold more than n. */
+/* Wishes taken from the set at a time by a slice of the down lane's run. */
+#define TAKE_CHUNK 256
+
+/* The buffers of a slice of the down lane's run, taken from the set and claimed as its
+ * batch's parts need them (the take and the claims of a part run while the previous part
+ * copies, on the slice's thread, not all on the lane's before the first copy): host victims
+ * go where the batch says, disk victims fill the slice's array from the back (vd[k] points
+ * at v[n - 1 - k]): together they never hold more than n. */
 typedef struct spill_source {
   spw_runtime_t *rt;
-  const taken_t *t;
-  size_t n, next; /* the next buffer to look at */
+  const spw_buf_t *hs;
+  size_t n, next; /* the next buffer to take */
   spw_victim_t **vd;
   size_t nvd;
+  taken_t taken[TAKE_CHUNK];
+  size_t have, used;
 } spill_source_t;
 
 static size_t claim_spills(void *ctx, spw_victim_t *v, size_t max) {
   spill_source_t *c = ctx;
   size_t nv = 0;
   uint64_t begun = 0;
-  for (; nv < max && c->next < c->n; c->next++) {
-    const taken_t *t = &c->t[c->next];
+  while (nv < max) {
+    if (c->used == c->have) {
+      if (c->next == c->n) break;
+      size_t k = c->n - c->next < TAKE_CHUNK ? c->n - c->next : TAKE_CHUNK;
+      c->have = take_some(c->rt, SPW_LANE_DOWN, c->hs + c->next, k, c->taken);
+      c->used = 0;
+      c->next += k;
+      continue;
+    }
+    const taken_t *t = &c->taken[c->used++];
     spill_one(c->rt, t->h, t->wish == SPW_WISH_DISK ? SPW_TIER_DISK : SPW_TIER_HOST, v, &nv,
               c->vd, &c->nvd, &begun);
   }
@@ -181,12 +206,12 @@ static size_t claim_spills(void *ctx, spw_victim_t *v, size_t max) {
   return nv;
 }
 
-/* Spills t[0..n): the host tier's as one batch that claims its victims a part at a time
- * (the claims of a part hide behind the copy of the one before), then the disk tier's. */
-static void spill_taken(spw_runtime_t *rt, const taken_t *t, size_t n, spw_victim_t *v,
-                        spw_victim_t **vd) {
+/* Spills what hs[0..n) wish: the host tier's as one batch that takes and claims its
+ * victims a part at a time, then the disk tier's. */
+static void spill_some(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_victim_t *v,
+                       spw_victim_t **vd) {
   for (size_t k = 0; k < n; k++) vd[k] = &v[n - 1 - k];
-  spill_source_t c = {.rt = rt, .t = t, .n = n, .vd = vd};
+  spill_source_t c = {.rt = rt, .hs = hs, .n = n, .vd = vd};
   spw_victim_source_t src = {claim_spills, &c};
   spw__spill_claiming(rt, v, n, &src, SPW_SPILL_EXPLICIT);
   if (c.nvd > 0) spw__spill_to_disk_n(rt, vd, c.nvd, SPW_SPILL_EXPLICIT);
@@ -194,7 +219,7 @@ static void spill_taken(spw_runtime_t *rt, const taken_t *t, size_t n, spw_victi
 
 typedef struct slices {
   spw_runtime_t *rt;
-  const taken_t *t;
+  const spw_buf_t *hs;
   size_t n;
   unsigned count;
   spw_victim_t *v;
@@ -204,10 +229,10 @@ typedef struct slices {
 static void spill_slice(void *ctx, unsigned i) {
   const slices_t *c = ctx;
   size_t lo = c->n * i / c->count, hi = c->n * (i + 1) / c->count;
-  spill_taken(c->rt, c->t + lo, hi - lo, c->v + lo, c->vd + lo);
+  spill_some(c->rt, c->hs + lo, hi - lo, c->v + lo, c->vd + lo);
 }
 
-static void run_spills(spw_runtime_t *rt, const taken_t *t, size_t n) {
+static void run_spills(spw_runtime_t *rt, const spw_buf_t *hs, size_t n) {
   if (n == 0) return;
   spw_victim_t *v = malloc(n * sizeof *v);
   spw_victim_t **vd = malloc(n * sizeof *vd);
@@ -219,7 +244,7 @@ static void run_spills(spw_runtime_t *rt, const taken_t *t, size_t n) {
   }
   /* Spill batches already run side by side (a spill on demand beside the lane's): the
    * slices are disjoint, and each is one as the whole was. */
-  slices_t c = {rt, t, n, spw__slice_count(rt, SPW_LANE_DOWN, n), v, vd};
+  slices_t c = {rt, hs, n, spw__slice_count(rt, SPW_LANE_DOWN, n), v, vd};
   spw__workers_run(rt->workers[SPW_LANE_DOWN], spill_slice, &c, c.count);
   free(v);
   free(vd);
@@ -302,11 +327,33 @@ static void run(void *ctx, spw_lane_t lane, spw_job_t *jobs) {
   spw_runtime_t *rt = ctx;
   if (rt->trace) spw__trace_lane(rt->trace, (int)lane);
   size_t n = 0;
-  taken_t *t = take(rt, lane, jobs, &n);
-  free_jobs(jobs);
-  if (lane == SPW_LANE_DOWN) run_spills(rt, t, n);
-  else run_prefetches(rt, t, n);
-  free(t);
+  if (lane == SPW_LANE_DOWN) {
+    /* The slices take the wishes themselves, a part at a time. */
+    for (spw_job_t *l = jobs; l; l = l->next) n += ((job_t *)(void *)l)->n;
+    spw_buf_t *hs = malloc((n ? n : 1) * sizeof *hs);
+    if (hs) {
+      size_t at = 0;
+      for (spw_job_t *l = jobs; l; l = l->next) {
+        job_t *j = (job_t *)(void *)l;
+        memcpy(hs + at, j->hs, j->n * sizeof *hs);
+        at += j->n;
+      }
+      free_jobs(jobs);
+      run_spills(rt, hs, n);
+    } else {
+      /* No memory for the list: the wishes are dropped, as a hint may be. */
+      for (spw_job_t *l = jobs; l; l = l->next)
+        take_some(rt, lane, ((job_t *)(void *)l)->hs, ((job_t *)(void *)l)->n, NULL);
+      spw__set_async_error(rt, SPW_ERR_SYSTEM);
+      free_jobs(jobs);
+    }
+    free(hs);
+  } else {
+    taken_t *t = take(rt, lane, jobs, &n);
+    free_jobs(jobs);
+    run_prefetches(rt, t, n);
+    free(t);
+  }
   if (lane == SPW_LANE_DOWN) background(rt); /* locks released since the last kick may have left usage high */
 }
 
