@@ -274,9 +274,10 @@ int spw__completions_drain_for(spw_completions_t *c, uint64_t timeout_ns) {
   return drained;
 }
 
-uint64_t spw__completions_mark(spw_completions_t *c, spw_completion_cell_t *cell) {
+uint64_t spw__completions_mark(spw_completions_t *c, spw_completion_cell_t *cells, size_t n) {
   pthread_mutex_lock(&c->mu);
-  if (cell && cell->open) seal(cell->open);
+  for (size_t i = 0; i < n; i++)
+    if (cells[i].open) seal(cells[i].open);
   uint64_t m = c->submitted;
   pthread_mutex_unlock(&c->mu);
   return m;

@@ -74,10 +74,10 @@ int spw__completions_after_open(spw_completions_t *c, spw_stream_t stream,
  * deferred frees that one acquire of a spilled buffer costs. */
 int spw__completions_after_event_with(spw_completions_t *c, spw_bevent_t *ev, spw_completion_fn fn,
                                       const void *data, size_t size);
-/* A mark of what has been submitted so far, for spw__completions_flush_stream. `cell` (may
- * be NULL): the stream's cell, whose open item is sealed, so that no work enqueued after
- * the mark joins an item the flush would run. */
-uint64_t spw__completions_mark(spw_completions_t *c, spw_completion_cell_t *cell);
+/* A mark of what has been submitted so far, for spw__completions_flush_stream. `cells[0..n)`
+ * (n may be 0): the stream's cells, whose open items are sealed in the same hold of the
+ * lock, so that no work enqueued after the mark joins an item the flush would run. */
+uint64_t spw__completions_mark(spw_completions_t *c, spw_completion_cell_t *cells, size_t n);
 /* Runs now what is pending for `stream` and was submitted up to `mark`, taken before the
  * caller synchronized the stream (so those events are complete): a synchronize releases the
  * locks of an earlier release_async too, but not those of one submitted by another thread

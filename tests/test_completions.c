@@ -114,7 +114,7 @@ static void joined_work_runs_only_after_the_work_enqueued_before_the_join(void) 
 static void a_mark_seals_the_open_item(void) {
   work_t w;
   start_and_join_across_gate(&w);
-  uint64_t mark = spw__completions_mark(comp, &cell);
+  uint64_t mark = spw__completions_mark(comp, &cell, 1);
   ASSERT_PTR_EQ(cell.open, NULL);
   int one = 1;
   /* Work enqueued after the mark starts a new item: the flush runs the sealed one only. */

@@ -46,6 +46,41 @@ static bool await_locks(spw_buf_t b, uint32_t want) {
   return locks_of(b) == want;
 }
 
+/* A single acquire frees the buffer's host copy behind its copy back, in a completion that
+ * the acquires after it on the stream join: until the stream has run their copies, spills
+ * made meanwhile must not be given that memory (they would overwrite what the copies read). */
+static void host_copies_of_acquires_behind_a_blocked_stream_are_not_reused(void) {
+  enum { N = 16, SIZE = 4096 };
+  spw_buf_t a[N], other[N];
+  void *d[N];
+  for (int i = 0; i < N; i++) a[i] = test_filled(rt, s2, SIZE, 100 + (uint64_t)i);
+  ASSERT_OK(spw_spill_n(rt, a, N, SPW_TIER_HOST));
+  ASSERT_OK(spw_wait_idle(rt));
+  /* The first copy runs at once; the others join its completion behind the gate. */
+  ASSERT_OK(spw_acquire(rt, a[0], s, 0, &d[0]));
+  ASSERT_OK(spw_launch_host_func(rt, s, gate_wait, &g));
+  for (int i = 1; i < N; i++) ASSERT_OK(spw_acquire(rt, a[i], s, 0, &d[i]));
+  gate_await_entered(&g);
+  test_sleep_ms(20); /* poller rounds: a free made too early has run by now */
+  for (int i = 0; i < N; i++) other[i] = test_filled(rt, s2, SIZE, 200 + (uint64_t)i);
+  ASSERT_OK(spw_spill_n(rt, other, N, SPW_TIER_HOST));
+  /* Not spw_wait_idle: it waits for the completions behind the gate too. */
+  for (int i = 0; i < N; i++) {
+    uint64_t t0 = test_now_ms();
+    while (state_of(rt, other[i]) != SPW_STATE_HOST && test_now_ms() - t0 < POLL_TIMEOUT_MS)
+      test_sleep_ms(1);
+    ASSERT_EQ(state_of(rt, other[i]), SPW_STATE_HOST);
+  }
+  gate_open(&g);
+  ASSERT_OK(spw_stream_synchronize(rt, s));
+  for (int i = 0; i < N; i++) {
+    test_expect_fill(rt, a[i], s, SIZE, 100 + (uint64_t)i);
+    test_expect_fill(rt, other[i], s, SIZE, 200 + (uint64_t)i);
+    ASSERT_OK(spw_free(rt, a[i]));
+    ASSERT_OK(spw_free(rt, other[i]));
+  }
+}
+
 static void release_async_does_not_block_and_releases_when_work_completes(void) {
   spw_buf_t b;
   void *d = NULL;
@@ -353,5 +388,6 @@ static const spw_test_t tests[] = {
     TEST(release_n_async_releases_only_its_buffers_when_work_completes),
     TEST(release_n_async_with_a_missing_lock_changes_nothing),
     TEST(synchronize_runs_pending_release_n_async),
+    TEST(host_copies_of_acquires_behind_a_blocked_stream_are_not_reused),
 };
 TEST_MAIN_FIXTURE(tests, open_gate_fixture, close_gate_fixture)

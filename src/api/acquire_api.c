@@ -15,7 +15,7 @@ int spw_acquire(spw_runtime_t *rt, spw_buf_t buf, spw_stream_t stream, unsigned 
   int st = spw__stream_entry(rt, stream, &e);
   if (st != SPW_OK) return st;
   void *p;
-  st = spw__lock(rt, buf, e->bstream, flags, &p);
+  st = spw__lock(rt, buf, e, flags, &p);
   if (st != SPW_OK) return st;
   st = spw__lockmap_push(e, buf);
   if (st != SPW_OK) {
@@ -41,7 +41,7 @@ int spw_acquire_n(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, spw_stream
   size_t locked = 0;
   for (; locked < n; locked++) {
     if (ptrs[locked]) continue;
-    st = spw__lock(rt, bufs[locked], e->bstream, flags, &ptrs[locked]);
+    st = spw__lock(rt, bufs[locked], e, flags, &ptrs[locked]);
     if (st != SPW_OK) break;
   }
   if (st == SPW_OK) st = spw__lockmap_push_n(e, bufs, n);

@@ -71,7 +71,7 @@ static int acquire_list(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_
   int st = SPW_OK, past_end = 0;
   for (; i < n; i++) {
     void *p = NULL;
-    st = spw__lock(rt, a[i].buf, e->bstream, a[i].flags, &p); /* spw_acquire's two steps */
+    st = spw__lock(rt, a[i].buf, e, a[i].flags, &p); /* spw_acquire's two steps */
     if (st != SPW_OK) break;
     if ((st = spw__lockmap_push(e, a[i].buf)) != SPW_OK) {
       spw__unlock(rt, a[i].buf);

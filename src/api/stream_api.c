@@ -28,7 +28,7 @@ static int sync_and_unlock(spw_runtime_t *rt, spw_stream_entry_t *e) {
   spw_buf_t *list;
   size_t n;
   spw__lockmap_detach(e, &list, &n);
-  uint64_t mark = spw__completions_mark(rt->completions, &e->release_cell);
+  uint64_t mark = spw__completions_mark(rt->completions, e->cells, SPW_STREAM_CELLS);
   int st = rt->ops->stream_sync(rt->be, e->bstream);
   if (st != SPW_OK) {
     /* The work may still be running: keep every lock. */

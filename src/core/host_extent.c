@@ -63,6 +63,58 @@ static void free_later(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t str
   spw__host_extent_free(rt, e);
 }
 
+/* The extents one stream's completion item frees: its first, and those that joined it. */
+#define BEHIND_CAP 256
+
+typedef struct extent_batch {
+  spw_runtime_t *rt;
+  size_t n;
+  spw_host_extent_t e[BEHIND_CAP];
+} extent_batch_t;
+
+static void free_batch(void *arg, int status) {
+  (void)status; /* the stream no longer runs either way */
+  extent_batch_t *b = arg;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < b->n; i++) bytes += b->e[i].bytes;
+  spw__host_extent_free_n(b->rt, b->e, b->n);
+  atomic_fetch_sub(&b->rt->c.host_deferred, bytes);
+  free(b);
+}
+
+/* Under the poller's lock: no call out, no allocation. A full batch refuses, and the caller
+ * starts the next. */
+static int batch_join(void *open_arg, const void *add) {
+  extent_batch_t *b = open_arg;
+  if (b->n == BEHIND_CAP) return SPW_ERR_BUSY;
+  b->e[b->n++] = *(const spw_host_extent_t *)add;
+  return SPW_OK;
+}
+
+void spw__host_extent_free_behind(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream,
+                                  spw_completion_cell_t *cell) {
+  if (!e->ptr) return;
+  atomic_fetch_add(&rt->c.host_deferred, e->bytes);
+  int st = spw__completions_join(rt->completions, stream, cell, batch_join, e);
+  if (st != SPW_OK) {
+    extent_batch_t *b = malloc(sizeof *b);
+    st = SPW_ERR_SYSTEM;
+    if (b) {
+      b->rt = rt;
+      b->n = 1;
+      b->e[0] = *e;
+      st = spw__completions_after_open(rt->completions, stream, cell, 0, free_batch, b);
+      if (st != SPW_OK) free(b);
+    }
+  }
+  if (st == SPW_OK) {
+    *e = (spw_host_extent_t){0};
+    return;
+  }
+  atomic_fetch_sub(&rt->c.host_deferred, e->bytes);
+  free_later(rt, e, stream, NULL); /* its own item, or a wait */
+}
+
 void spw__host_extent_free(spw_runtime_t *rt, spw_host_extent_t *e) {
   if (e->peer) spw__peer_free(rt, e);
   else spw__arena_free(rt->arena, e);

@@ -124,7 +124,9 @@ static int lock_slow(spw_runtime_t *rt, spw_slot_t *s, spw_buf_t h, spw_stream_t
   }
 }
 
-int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_t stream, unsigned flags, void **dptr) {
+int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_entry_t *e, unsigned flags,
+              void **dptr) {
+  spw_stream_t stream = e->bstream;
   spw_slot_t *s;
   uint64_t w;
   int st = spw__handles_lookup(&rt->handles, h, &s, &w);
@@ -153,7 +155,7 @@ int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_t stream, unsigned flag
     st = lock_slow(rt, s, h, stream, flags, dptr, &m, &out);
     pthread_mutex_unlock(&s->mu);
     if (st != SPW_OK) return st;
-    if (out == MOVE_UNSPILL) st = spw__unspill(rt, &m, stream, flags, 1, dptr);
+    if (out == MOVE_UNSPILL) st = spw__unspill(rt, &m, stream, &e->cells[SPW_CELL_FREES], flags, 1, dptr);
     else if (out == MOVE_READ) st = spw__read_back(rt, &m, 1, dptr);
     if (out != WAIT_FOR_MOVE) {
       if (st == SPW_OK) touch(s);
@@ -298,7 +300,7 @@ static int unlock_job_join(void *open_arg, const void *add) {
 int spw__unlock_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_t *bufs,
                       size_t n, int maybe_idle) {
   unlock_add_t add = {bufs, n};
-  int st = spw__completions_join(rt->completions, e->bstream, &e->release_cell, unlock_job_join,
+  int st = spw__completions_join(rt->completions, e->bstream, &e->cells[SPW_CELL_RELEASE], unlock_job_join,
                                  &add);
   if (st != SPW_ERR_NOT_READY) return st;
   unlock_job_t *j = malloc(sizeof *j);
@@ -312,7 +314,7 @@ int spw__unlock_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_t 
   *j = (unlock_job_t){rt, list, n, n > 16 ? n : 16};
   /* A stream with nothing left to run (a library's free, a release after a synchronize)
    * releases at once: no poller round during which the memory is held. */
-  st = spw__completions_after_open(rt->completions, e->bstream, &e->release_cell, maybe_idle,
+  st = spw__completions_after_open(rt->completions, e->bstream, &e->cells[SPW_CELL_RELEASE], maybe_idle,
                                    unlock_job_run, j);
   if (st != SPW_OK) {
     free(list);

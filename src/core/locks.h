@@ -7,9 +7,10 @@
 #include "runtime.h"
 
 /* Takes one lock on h, bringing it back to the device first if it is not there (ordered
- * before what is enqueued on `stream` afterwards). `flags`: SPW_ACQUIRE_*. Errors as
+ * before what is enqueued on stream `e` afterwards). `flags`: SPW_ACQUIRE_*. Errors as
  * spw_acquire. */
-int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_t stream, unsigned flags, void **dptr);
+int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_entry_t *e, unsigned flags,
+              void **dptr);
 /* Before n locks are taken one by one: brings the buffers among bufs that are on host back
  * as one batch (one copy for the small ones, in slices), and those on disk as another (many
  * requests in flight), so that the locks then find them on the device. The host batch

@@ -78,11 +78,12 @@ size_t spw__prefetch_from_disk(spw_runtime_t *rt, const spw_buf_t *hs, size_t n,
 
 /* ---- unspill_move.c ---- */
 /* Brings a HOST buffer back for an acquire: `m` is an UNSPILL move begun by the caller, who
- * holds no lock. The copy is enqueued on the upload stream and `stream` waits on it; the
- * host does not. Takes `locks` locks; with SPW_ACQUIRE_READ in `flags` the host copy is
- * kept as a clean copy. */
-int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, unsigned flags,
-                 uint32_t locks, void **dptr);
+ * holds no lock. The copy is enqueued on `stream`; the host does not wait. Takes `locks`
+ * locks; with SPW_ACQUIRE_READ in `flags` the host copy is kept as a clean copy, else it is
+ * freed behind the copy, in the open completion item of `frees` (the stream's cell) that
+ * the frees behind the stream's earlier copies share. */
+int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream,
+                 spw_completion_cell_t *frees, unsigned flags, uint32_t locks, void **dptr);
 /* How a batch brings buffers back (spw__prefetch_batch). */
 typedef struct spw_up_how {
   /* A prefetch hint, not an acquire's own batch: room comes from spw__device_get_hint, the

@@ -26,6 +26,8 @@
 
 #define SPW_STREAM_TABLE_CAP 4096u /* streams live at once, per runtime */
 
+enum { SPW_CELL_RELEASE, SPW_CELL_FREES, SPW_STREAM_CELLS };
+
 typedef struct spw_stream_entry {
   _Atomic(spw_stream_t) key; /* the application's value; rewritten only while dead */
   spw_stream_t bstream;  /* what the backend is given (host: NULL maps to its default) */
@@ -34,9 +36,11 @@ typedef struct spw_stream_entry {
   spw_spin_t lock_mu;
   spw_buf_t *locks;
   size_t nlocks, cap;
-  /* The release behind this stream that later releases may still join (locks.c); under the
-   * completion poller's lock. Kept across incarnations: an item joins only its own stream. */
-  spw_completion_cell_t release_cell;
+  /* The completion items behind this stream that later work may still join: the release
+   * of launches (locks.c) and the host copies single acquires free behind their copies
+   * (host_extent.c). Under the completion poller's lock; kept across incarnations: an item
+   * joins only its own stream. */
+  spw_completion_cell_t cells[SPW_STREAM_CELLS];
 } spw_stream_entry_t;
 
 typedef struct spw_stream_table {

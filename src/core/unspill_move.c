@@ -29,8 +29,8 @@ static void count_peer_unspill(spw_runtime_t *rt, const spw_move_t *m, uint64_t 
   atomic_fetch_add(&rt->c.peer_unspill_bytes, m->size);
 }
 
-int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, unsigned flags,
-                 uint32_t locks, void **dptr) {
+int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream,
+                 spw_completion_cell_t *frees, unsigned flags, uint32_t locks, void **dptr) {
   uint64_t t0 = spw__now_ns();
   spw_slot_t *s = m->s;
   void *d = NULL;
@@ -53,6 +53,7 @@ int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream, un
     spw_place_t to = {.dptr = d}, release;
     end = spw__move_commit(rt, m, &to, SPW_W_WAIT | keep, locks, &release);
     /* The copy may still read the host extent, and (freed meanwhile) write the memory. */
+    spw__host_extent_free_behind(rt, &release.host, stream, frees);
     uint64_t device = spw__place_release(rt, &release, m->size, s->ready);
     if (device) spw__budget_credit(rt, device);
   } else {
