@@ -379,6 +379,39 @@ static void test_copy_batch_h2d_3000_buffers(void) {
   batch_layout_free(&l);
 }
 
+/* Sends n buffers laid out as src_e (host) to dev_e (device) in one H2D batch, then to
+ * dst_e (host) in one D2H batch, on a new stream (given a stage of `stage` bytes unless 0),
+ * and checks both copies: each buffer's pattern, and the sentinel between buffers. */
+static void round_trip(spw_backend_t *b, const extents_t *src_e, const extents_t *dev_e,
+                       const extents_t *dst_e, size_t n, uint64_t seed, size_t stage) {
+  spw_stream_t s;
+  ASSERT_OK(ops->stream_create(b, &s));
+  if (stage) ASSERT_OK(ops->stream_stage(b, s, stage));
+  uint8_t *src = registered_slab(b, src_e->span), *dst = registered_slab(b, dst_e->span);
+  fill_extents(src, src_e, seed);
+  memset(dst, SENTINEL, dst_e->span);
+  uint8_t *dev = NULL;
+  ASSERT_OK(ops->alloc_async(b, dev_e->span, s, (void **)&dev));
+  ASSERT_EQ(cudaMemsetAsync(dev, SENTINEL, dev_e->span, s), cudaSuccess);
+  spw_copy_desc_t *in = descs_for(dev_e, dev, src_e, src);
+  spw_copy_desc_t *out = descs_for(dst_e, dst, dev_e, dev);
+  ASSERT_OK(ops->copy_batch_async(b, in, n, SPW_COPY_H2D, s));
+  ASSERT_OK(ops->copy_batch_async(b, out, n, SPW_COPY_D2H, s));
+  uint8_t *back = malloc(dev_e->span);
+  ASSERT_TRUE(back != NULL);
+  ASSERT_OK(ops->memcpy_async(b, back, dev, dev_e->span, s));
+  ASSERT_OK(ops->free_async(b, dev, s));
+  ASSERT_OK(ops->stream_sync(b, s));
+  check_extents(back, dev_e, seed, "device");
+  check_extents(dst, dst_e, seed, "host");
+  ASSERT_OK(ops->stream_destroy(b, s));
+  free_slab(b, src, src_e->span);
+  free_slab(b, dst, dst_e->span);
+  free(back);
+  free(in);
+  free(out);
+}
+
 /* Buffers at any byte offset on both sides (shared alignment mod 16, 8, 4, or none) arrive
  * intact through H2D then D2H, and nothing around them is touched. */
 static void test_copy_batch_any_alignment_round_trip(void) {
@@ -389,32 +422,7 @@ static void test_copy_batch_any_alignment_round_trip(void) {
   extents_t src_e = place(size, N, 4096, 64, 64, &rng);
   extents_t dev_e = place(size, N, 256, 64, 64, &rng);
   extents_t dst_e = place(size, N, 4096, 64, 64, &rng);
-  spw_stream_t s;
-  ASSERT_OK(ops->stream_create(b, &s));
-  uint8_t *src = registered_slab(b, src_e.span), *dst = registered_slab(b, dst_e.span);
-  fill_extents(src, &src_e, 41);
-  memset(dst, SENTINEL, dst_e.span);
-  uint8_t *dev = NULL;
-  ASSERT_OK(ops->alloc_async(b, dev_e.span, s, (void **)&dev));
-  ASSERT_EQ(cudaMemsetAsync(dev, SENTINEL, dev_e.span, s), cudaSuccess);
-  spw_copy_desc_t *in = descs_for(&dev_e, dev, &src_e, src);
-  spw_copy_desc_t *out = descs_for(&dst_e, dst, &dev_e, dev);
-  ASSERT_OK(ops->copy_batch_async(b, in, N, SPW_COPY_H2D, s));
-  ASSERT_OK(ops->copy_batch_async(b, out, N, SPW_COPY_D2H, s));
-  uint8_t *back = malloc(dev_e.span);
-  ASSERT_TRUE(back != NULL);
-  ASSERT_OK(ops->memcpy_async(b, back, dev, dev_e.span, s));
-  ASSERT_OK(ops->free_async(b, dev, s));
-  ASSERT_OK(ops->stream_sync(b, s));
-  check_extents(back, &dev_e, 41, "device");
-  check_extents(dst, &dst_e, 41, "host");
-
-  ASSERT_OK(ops->stream_destroy(b, s));
-  free_slab(b, src, src_e.span);
-  free_slab(b, dst, dst_e.span);
-  free(back);
-  free(in);
-  free(out);
+  round_trip(b, &src_e, &dev_e, &dst_e, N, 41, 0);
   free(src_e.off);
   free(dev_e.off);
   free(dst_e.off);
@@ -434,32 +442,7 @@ static void test_copy_batch_through_a_stage_round_trip(void) {
     extents_t src_e = place(size, N, apart ? 4096 : 1, apart ? 64 : 0, 0, &rng);
     extents_t dev_e = place(size, N, 256, 64, 0, &rng);
     extents_t dst_e = place(size, N, apart ? 4096 : 1, apart ? 64 : 0, 0, &rng);
-    spw_stream_t s;
-    ASSERT_OK(ops->stream_create(b, &s));
-    ASSERT_OK(ops->stream_stage(b, s, 64 * KiB));
-    uint8_t *src = registered_slab(b, src_e.span), *dst = registered_slab(b, dst_e.span);
-    fill_extents(src, &src_e, 51);
-    memset(dst, SENTINEL, dst_e.span);
-    uint8_t *dev = NULL;
-    ASSERT_OK(ops->alloc_async(b, dev_e.span, s, (void **)&dev));
-    ASSERT_EQ(cudaMemsetAsync(dev, SENTINEL, dev_e.span, s), cudaSuccess);
-    spw_copy_desc_t *in = descs_for(&dev_e, dev, &src_e, src);
-    spw_copy_desc_t *out = descs_for(&dst_e, dst, &dev_e, dev);
-    ASSERT_OK(ops->copy_batch_async(b, in, N, SPW_COPY_H2D, s));
-    ASSERT_OK(ops->copy_batch_async(b, out, N, SPW_COPY_D2H, s));
-    uint8_t *back = malloc(dev_e.span);
-    ASSERT_TRUE(back != NULL);
-    ASSERT_OK(ops->memcpy_async(b, back, dev, dev_e.span, s));
-    ASSERT_OK(ops->free_async(b, dev, s));
-    ASSERT_OK(ops->stream_sync(b, s));
-    check_extents(back, &dev_e, 51, "device");
-    check_extents(dst, &dst_e, 51, "host");
-    ASSERT_OK(ops->stream_destroy(b, s));
-    free_slab(b, src, src_e.span);
-    free_slab(b, dst, dst_e.span);
-    free(back);
-    free(in);
-    free(out);
+    round_trip(b, &src_e, &dev_e, &dst_e, N, 51, 64 * KiB);
     free(src_e.off);
     free(dev_e.off);
     free(dst_e.off);
