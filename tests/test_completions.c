@@ -126,6 +126,28 @@ static void a_mark_seals_the_open_item(void) {
   ASSERT_EQ(w.pieces, 2);
 }
 
+/* A stream has a cell per kind of work (a launch's release, an acquire's host copy): a mark
+ * seals the open item of each cell it is given, in one go. */
+static void a_mark_seals_every_cell_it_is_given(void) {
+  spw_completion_cell_t cells[2] = {{NULL}, {NULL}};
+  work_t a = {.pieces = 1}, b = {.pieces = 1};
+  ASSERT_OK(ops->launch_host_func(be, s1, gate_wait, &g));
+  ASSERT_OK(spw__completions_after_open(comp, s1, &cells[0], 0, run_work, &a));
+  ASSERT_OK(spw__completions_after_open(comp, s1, &cells[1], 0, run_work, &b));
+  uint64_t mark = spw__completions_mark(comp, cells, 2);
+  ASSERT_PTR_EQ(cells[0].open, NULL);
+  ASSERT_PTR_EQ(cells[1].open, NULL);
+  int one = 1;
+  ASSERT_STATUS(spw__completions_join(comp, s1, &cells[0], join_piece, &one), SPW_ERR_NOT_READY);
+  ASSERT_STATUS(spw__completions_join(comp, s1, &cells[1], join_piece, &one), SPW_ERR_NOT_READY);
+  gate_open(&g);
+  ASSERT_OK(ops->stream_sync(be, s1));
+  spw__completions_flush_stream(comp, s1, mark);
+  ASSERT_EQ(atomic_load(&a.ran), 1);
+  ASSERT_EQ(atomic_load(&b.ran), 1);
+  ASSERT_EQ(a.pieces + b.pieces, 2);
+}
+
 static void an_item_that_ran_takes_no_more_work(void) {
   work_t w = {.pieces = 1};
   ASSERT_OK(spw__completions_after_open(comp, s1, &cell, 0, run_work, &w));
@@ -208,6 +230,7 @@ static void work_behind_a_busy_stream_waits_even_when_asked_to_run_now(void) {
 static const spw_test_t tests[] = {
     TEST(joined_work_runs_only_after_the_work_enqueued_before_the_join),
     TEST(a_mark_seals_the_open_item),
+    TEST(a_mark_seals_every_cell_it_is_given),
     TEST(an_item_that_ran_takes_no_more_work),
     TEST(an_item_of_another_stream_takes_no_work),
     TEST(two_items_started_at_once_both_run),
