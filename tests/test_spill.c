@@ -87,6 +87,14 @@ static spw_buf_t uploaded(size_t n, uint64_t seed, uint8_t **want) {
   return b;
 }
 
+/* The end of a test's buffer from uploaded(): its contents checked (writable acquire), then
+ * the buffer and its pattern freed. */
+static void expect_and_free(spw_buf_t b, uint8_t *want, size_t n, uint64_t seed) {
+  expect_contents(b, 0, want, n, seed);
+  ASSERT_OK(spw_free(rt, b));
+  free(want);
+}
+
 static void spill_and_wait(spw_buf_t b) {
   ASSERT_OK(spw_spill(rt, b, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
@@ -624,11 +632,7 @@ static void an_acquire_n_keeps_clean_host_copies_only_when_read_only(void) {
     ASSERT_OK(spw_wait_idle(rt));
     ASSERT_UEQ(stats_of(rt).clean_respills - clean, (uint64_t)(read_only ? N : 0));
   }
-  for (int i = 0; i < N; i++) {
-    expect_contents(b[i], 0, want[i], 4096 + 64 * (size_t)i, 500 + (uint64_t)i);
-    ASSERT_OK(spw_free(rt, b[i]));
-    free(want[i]);
-  }
+  for (int i = 0; i < N; i++) expect_and_free(b[i], want[i], 4096 + 64 * (size_t)i, 500 + (uint64_t)i);
 }
 
 /* acquire_n is all or nothing: when a lock fails after its batch from host has brought
@@ -672,11 +676,7 @@ static void an_acquire_n_that_fails_after_its_batch_leaves_no_lock_in(int sliced
     ASSERT_UEQ((uintptr_t)one, (uintptr_t)d[i]);
   }
   ASSERT_OK(spw_stream_synchronize(rt, s));
-  for (int i = 0; i < N; i++) {
-    expect_contents(b[i], 0, want[i], 4096, 700 + (uint64_t)i);
-    ASSERT_OK(spw_free(rt, b[i]));
-    free(want[i]);
-  }
+  for (int i = 0; i < N; i++) expect_and_free(b[i], want[i], 4096, 700 + (uint64_t)i);
 }
 
 /* The host copies a writable acquire_n's batch gives back are free again: cycles of spill
@@ -698,11 +698,7 @@ static void a_writable_acquire_n_gives_its_host_memory_back(void) {
     ASSERT_OK(spw_acquire_n(rt, b, N, s, 0, d));
     ASSERT_OK(spw_stream_synchronize(rt, s));
   }
-  for (int i = 0; i < N; i++) {
-    expect_contents(b[i], 0, want[i], 4096, 900 + (uint64_t)i);
-    ASSERT_OK(spw_free(rt, b[i]));
-    free(want[i]);
-  }
+  for (int i = 0; i < N; i++) expect_and_free(b[i], want[i], 4096, 900 + (uint64_t)i);
 }
 
 static void an_acquire_n_that_fails_after_its_batch_leaves_no_lock(void) {
