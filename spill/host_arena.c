@@ -465,14 +465,14 @@ static void free_locked(spw_host_arena_t *a, spw_host_extent_t *e) {
    * the struct) is ignored rather than corrupting the free lists. */
   slab_t *s = e->slab < a->nslots ? a->slots[e->slab] : NULL;
   uintptr_t p = (uintptr_t)e->ptr, base = s ? (uintptr_t)s->base : 0;
-  if (!s || p < base || p - base >= s->bytes) goto out;
+  if (!s || p < base || p - base >= s->bytes) return;
   size_t off = (size_t)(p - base), len = e->bytes;
   if (off % SPW_ARENA_ALIGN || len == 0 || len % SPW_ARENA_ALIGN || len > s->bytes - off)
-    goto out;
+    return;
   size_t i = upper_bound(s, off);
   free_range_t *prev = i > 0 ? &s->free[i - 1] : NULL;
   free_range_t *next = i < s->nfree ? &s->free[i] : NULL;
-  if ((prev && prev->off + prev->len > off) || (next && next->off < off + len)) goto out;
+  if ((prev && prev->off + prev->len > off) || (next && next->off < off + len)) return;
 
   int join_prev = prev && prev->off + prev->len == off;
   int join_next = next && off + len == next->off;
@@ -499,8 +499,6 @@ static void free_locked(spw_host_arena_t *a, spw_host_extent_t *e) {
   if (s->extents == 0 && give_back(a, e->slab)) release_slab(a, e->slab);
   e->ptr = NULL;
   e->bytes = 0;
-out:
-  return;
 }
 
 void spw__arena_free(spw_host_arena_t *a, spw_host_extent_t *e) {

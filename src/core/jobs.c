@@ -214,6 +214,9 @@ static void spill_some(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_vic
   spill_source_t c = {.rt = rt, .hs = hs, .n = n, .vd = vd};
   spw_victim_source_t src = {claim_spills, &c};
   spw__spill_claiming(rt, v, n, &src, SPW_SPILL_EXPLICIT);
+  /* A batch that failed to start took none: their wishes must not stay queued in the set,
+   * where an equal hint would merge with them and never be queued again. */
+  if (c.next < n) take_some(rt, SPW_LANE_DOWN, hs + c.next, n - c.next, NULL);
   if (c.nvd > 0) spw__spill_to_disk_n(rt, vd, c.nvd, SPW_SPILL_EXPLICIT);
 }
 
@@ -239,6 +242,7 @@ static void run_spills(spw_runtime_t *rt, const spw_buf_t *hs, size_t n) {
   if (!v || !vd) {
     free(v);
     free(vd);
+    take_some(rt, SPW_LANE_DOWN, hs, n, NULL); /* dropped, as a hint may be (spill_some) */
     spw__set_async_error(rt, SPW_ERR_SYSTEM);
     return;
   }

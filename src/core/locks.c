@@ -155,7 +155,8 @@ int spw__lock(spw_runtime_t *rt, spw_buf_t h, spw_stream_entry_t *e, unsigned fl
     st = lock_slow(rt, s, h, stream, flags, dptr, &m, &out);
     pthread_mutex_unlock(&s->mu);
     if (st != SPW_OK) return st;
-    if (out == MOVE_UNSPILL) st = spw__unspill(rt, &m, stream, &e->cells[SPW_CELL_FREES], flags, 1, dptr);
+    if (out == MOVE_UNSPILL)
+      st = spw__unspill(rt, &m, stream, &e->cells[SPW_CELL_FREES], flags, 1, dptr);
     else if (out == MOVE_READ) st = spw__read_back(rt, &m, 1, dptr);
     if (out != WAIT_FOR_MOVE) {
       if (st == SPW_OK) touch(s);
@@ -181,51 +182,20 @@ void spw__lock_n_prepare(spw_runtime_t *rt, const spw_buf_t *bufs, size_t n, uns
     if (elsewhere >= 2) spw__prefetch_from_disk(rt, bufs, n, 0);
     return;
   }
-  /* Where each buffer on host is in bufs; each buffer on disk. */
-  enum { ON_STACK = 64 };
-  typedef struct {
-    size_t at;
-    spw_buf_t disk;
-  } row_t;
-  row_t stack[ON_STACK];
-  row_t *row = n <= ON_STACK ? stack : malloc(n * sizeof *row);
-  if (!row) return;
   size_t k = 0, kd = 0;
   for (size_t i = 0; i < n; i++) {
     spw_slot_t *s;
     uint64_t w;
     if (spw__handles_lookup(&rt->handles, bufs[i], &s, &w) != SPW_OK) continue;
-    if (spw__w_state(w) == SPW_STATE_HOST) row[k++].at = i;
-    if (spw__w_state(w) == SPW_STATE_DISK) row[kd++].disk = bufs[i];
+    k += spw__w_state(w) == SPW_STATE_HOST;
+    kd += spw__w_state(w) == SPW_STATE_DISK;
   }
   /* One at a time costs a copy launch and an event each (and from disk, a request in flight
-   * alone): a batch is one copy per part, and many requests in flight. A writable acquire's
-   * batch keeps no clean copy (its lock would drop it), and takes the locks itself. */
-  if (k >= 2) {
-    spw_buf_t *hs = malloc(k * sizeof *hs);
-    void **got = malloc(k * sizeof *got);
-    if (hs && got) {
-      for (size_t j = 0; j < k; j++) {
-        hs[j] = bufs[row[j].at];
-        got[j] = NULL;
-      }
-      spw_up_how_t some = how;
-      some.locked = got;
-      spw__prefetch_batch(rt, hs, k, &some, NULL);
-      for (size_t j = 0; j < k; j++) locked[row[j].at] = got[j];
-    }
-    free(hs);
-    free(got);
-  }
-  if (kd >= 2) {
-    spw_buf_t *disk = malloc(kd * sizeof *disk);
-    if (disk) {
-      for (size_t j = 0; j < kd; j++) disk[j] = row[j].disk;
-      spw__prefetch_from_disk(rt, disk, kd, 0);
-    }
-    free(disk);
-  }
-  if (row != stack) free(row);
+   * alone): a batch is one copy per part, and many requests in flight. Each batch skips the
+   * buffers of the other tiers itself. A writable acquire's batch keeps no clean copy (its
+   * lock would drop it), and takes the locks itself. */
+  if (k >= 2) spw__prefetch_batch(rt, bufs, n, &how, NULL);
+  if (kd >= 2) spw__prefetch_from_disk(rt, bufs, n, 0);
 }
 
 static void unlock(spw_runtime_t *rt, spw_buf_t h, int done) {
@@ -300,8 +270,8 @@ static int unlock_job_join(void *open_arg, const void *add) {
 int spw__unlock_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_t *bufs,
                       size_t n, int maybe_idle) {
   unlock_add_t add = {bufs, n};
-  int st = spw__completions_join(rt->completions, e->bstream, &e->cells[SPW_CELL_RELEASE], unlock_job_join,
-                                 &add);
+  int st = spw__completions_join(rt->completions, e->bstream, &e->cells[SPW_CELL_RELEASE],
+                                 unlock_job_join, &add);
   if (st != SPW_ERR_NOT_READY) return st;
   unlock_job_t *j = malloc(sizeof *j);
   spw_buf_t *list = malloc((n > 16 ? n : 16) * sizeof *list);
@@ -314,8 +284,8 @@ int spw__unlock_after(spw_runtime_t *rt, spw_stream_entry_t *e, const spw_buf_t 
   *j = (unlock_job_t){rt, list, n, n > 16 ? n : 16};
   /* A stream with nothing left to run (a library's free, a release after a synchronize)
    * releases at once: no poller round during which the memory is held. */
-  st = spw__completions_after_open(rt->completions, e->bstream, &e->cells[SPW_CELL_RELEASE], maybe_idle,
-                                   unlock_job_run, j);
+  st = spw__completions_after_open(rt->completions, e->bstream, &e->cells[SPW_CELL_RELEASE],
+                                   maybe_idle, unlock_job_run, j);
   if (st != SPW_OK) {
     free(list);
     free(j);

@@ -39,7 +39,8 @@ void spw__pipeline_run(const spw_pipeline_t *pl);
 static inline size_t spw__part_limit(size_t first, size_t total, size_t most) {
   size_t left = total > first ? total - first : 0, n = first < most ? first : most;
   if (n < SPW_PART_FIRST) n = SPW_PART_FIRST;
-  if (left > SPW_PART_FIRST && n > left / 2) n = left / 2 > SPW_PART_FIRST ? left / 2 : SPW_PART_FIRST;
+  if (left > SPW_PART_FIRST && n > left / 2)
+    n = left / 2 > SPW_PART_FIRST ? left / 2 : SPW_PART_FIRST;
   return n;
 }
 
