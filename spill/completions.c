@@ -16,6 +16,7 @@
 typedef struct spw_completion_item {
   spw_bevent_t *ev;
   int owned;         /* ev is ours (from the pool), recorded on `stream` */
+  int on_stream;     /* ev was recorded on `stream` (owned, or a cell's borrowed event) */
   spw_stream_t stream;
   spw_completion_fn fn;
   void *arg;
@@ -189,6 +190,7 @@ static int after(spw_completions_t *c, spw_stream_t bstream, spw_completion_cell
     return s;
   }
   it->owned = 1;
+  it->on_stream = 1;
   it->fn = fn;
   it->arg = arg;
   it->stream = bstream;
@@ -225,6 +227,30 @@ int spw__completions_join(spw_completions_t *c, spw_stream_t bstream, spw_comple
   }
   pthread_mutex_unlock(&c->mu);
   return st;
+}
+
+int spw__completions_join_event(spw_completions_t *c, spw_stream_t bstream,
+                                spw_completion_cell_t *cell, spw_bevent_t *ev,
+                                spw_completion_join_fn join, const void *add) {
+  pthread_mutex_lock(&c->mu);
+  item_t *it = cell->open;
+  int st = SPW_ERR_NOT_READY;
+  if (it && it->on_stream && !it->owned && it->stream == bstream) {
+    st = join(it->arg, add);
+    if (st == SPW_OK) it->ev = ev;
+  }
+  pthread_mutex_unlock(&c->mu);
+  return st;
+}
+
+int spw__completions_after_event_open(spw_completions_t *c, spw_stream_t bstream,
+                                      spw_completion_cell_t *cell, spw_bevent_t *ev,
+                                      spw_completion_fn fn, void *arg) {
+  item_t *it = malloc(sizeof *it);
+  if (!it) return SPW_ERR_SYSTEM;
+  *it = (item_t){.ev = ev, .on_stream = 1, .stream = bstream, .fn = fn, .arg = arg};
+  enqueue(c, it, cell);
+  return SPW_OK;
 }
 
 int spw__completions_after_event(spw_completions_t *c, spw_bevent_t *ev, spw_completion_fn fn,
@@ -293,7 +319,7 @@ void spw__completions_flush_stream(spw_completions_t *c, spw_stream_t bstream, u
   item_t **link = &c->head, *last = NULL;
   while (*link) {
     item_t *it = *link;
-    if (it->owned && it->stream == bstream && it->seq <= mark) {
+    if (it->on_stream && it->stream == bstream && it->seq <= mark) {
       seal(it);
       *link = it->next;
       it->next = mine;

@@ -69,6 +69,22 @@ int spw__completions_join(spw_completions_t *c, spw_stream_t stream, spw_complet
 int spw__completions_after_open(spw_completions_t *c, spw_stream_t stream,
                                 spw_completion_cell_t *cell, int or_now, spw_completion_fn fn,
                                 void *arg);
+/* As spw__completions_after_event (`ev` already recorded by the caller, on `stream`, and
+ * outliving the item), and the new item becomes the cell's open item, which
+ * spw__completions_join_event may join. */
+int spw__completions_after_event_open(spw_completions_t *c, spw_stream_t stream,
+                                      spw_completion_cell_t *cell, spw_bevent_t *ev,
+                                      spw_completion_fn fn, void *arg);
+/* Joins new work to the open item of `cell` that spw__completions_after_event_open started
+ * on `stream`, recording nothing: join(its arg, add) folds the work in, then the item waits
+ * for `ev` instead of the event it waited for. `ev` must have been recorded on `stream` after
+ * the new work (the stream runs in order: its completion covers every earlier event of the
+ * item) and outlive the item, and it may be recorded again, before the item runs, only after
+ * that work has completed. Returns as spw__completions_join (SPW_ERR_NOT_READY: no such open
+ * item; join's error: nothing joined, the item unchanged). */
+int spw__completions_join_event(spw_completions_t *c, spw_stream_t stream,
+                                spw_completion_cell_t *cell, spw_bevent_t *ev,
+                                spw_completion_join_fn join, const void *add);
 /* The same with fn's argument copied into the item (`size` bytes of `data`; fn gets the
  * copy, which lives until fn returns): one allocation per item instead of two, for the
  * deferred frees that one acquire of a spilled buffer costs. */

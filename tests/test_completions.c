@@ -3,7 +3,8 @@
  * joins a stream's open item (the release of launches back to back) runs only once the work
  * enqueued before the join has completed, never with the earlier work alone; a mark seals
  * the open item; an item that ran, or one of another stream, takes no more work; asked to,
- * an item behind an idle stream runs at once, and only when asked. A gate (a host function that blocks its stream
+ * an item behind an idle stream runs at once, and only when asked; an item that borrows the
+ * caller's events waits for the newest one a join hands it. A gate (a host function that blocks its stream
  * until the test opens it) stands for a long kernel. */
 #include <pthread.h>
 #include <stdatomic.h>
@@ -74,13 +75,23 @@ static int join_piece(void *open_arg, const void *add) {
  * must move the item's event past the gate. The poller may pick the item up between the two
  * calls (then the join is refused, correctly): tried again until a join lands, which takes
  * one try unless the machine is very busy. */
-static void start_and_join_across_gate(work_t *w) {
+/* With events e1 and e2 (the caller's), the item borrows them instead: started on e1,
+ * recorded before the gate, and joined with e2, recorded after it. */
+static void start_and_join_across_gate_with(work_t *w, spw_bevent_t *e1, spw_bevent_t *e2) {
   for (int tries = 0; tries < 1000; tries++) {
     *w = (work_t){.pieces = 1};
-    ASSERT_OK(spw__completions_after_open(comp, s1, &cell, 0, run_work, w));
-    ASSERT_OK(ops->launch_host_func(be, s1, gate_wait, &g));
-    int one = 1;
-    int st = spw__completions_join(comp, s1, &cell, join_piece, &one);
+    int one = 1, st;
+    if (e1) {
+      ASSERT_OK(ops->event_record(be, e1, s1));
+      ASSERT_OK(spw__completions_after_event_open(comp, s1, &cell, e1, run_work, w));
+      ASSERT_OK(ops->launch_host_func(be, s1, gate_wait, &g));
+      ASSERT_OK(ops->event_record(be, e2, s1));
+      st = spw__completions_join_event(comp, s1, &cell, e2, join_piece, &one);
+    } else {
+      ASSERT_OK(spw__completions_after_open(comp, s1, &cell, 0, run_work, w));
+      ASSERT_OK(ops->launch_host_func(be, s1, gate_wait, &g));
+      st = spw__completions_join(comp, s1, &cell, join_piece, &one);
+    }
     if (st == SPW_OK) return;
     ASSERT_STATUS(st, SPW_ERR_NOT_READY);
     /* Picked up first (its event is before the gate): start over behind a new gate, once
@@ -94,6 +105,8 @@ static void start_and_join_across_gate(work_t *w) {
   }
   ASSERT_TRUE(!"no join landed in 1000 tries");
 }
+
+static void start_and_join_across_gate(work_t *w) { start_and_join_across_gate_with(w, NULL, NULL); }
 
 static void joined_work_runs_only_after_the_work_enqueued_before_the_join(void) {
   work_t w;
@@ -109,6 +122,69 @@ static void joined_work_runs_only_after_the_work_enqueued_before_the_join(void) 
   ASSERT_EQ(atomic_load(&w.ran), 1);
   ASSERT_OK(w.status);
   ASSERT_EQ(w.pieces, 2);
+}
+
+/* An item that borrows the caller's events (a slot's `ready`) records none of its own: a
+ * join hands it the newer event, and it waits for that one. */
+static void work_joined_with_an_event_waits_for_that_event(void) {
+  spw_bevent_t *e1, *e2;
+  ASSERT_OK(ops->event_create(be, &e1));
+  ASSERT_OK(ops->event_create(be, &e2));
+  work_t w;
+  start_and_join_across_gate_with(&w, e1, e2);
+  gate_await_entered(&g);
+  test_sleep_ms(50); /* e1 completed before the gate: many rounds pass here */
+  ASSERT_EQ(atomic_load(&w.ran), 0);
+  ASSERT_EQ(w.pieces, 2);
+  gate_open(&g);
+  spw__completions_drain(comp);
+  ASSERT_EQ(atomic_load(&w.ran), 1);
+  ASSERT_OK(w.status);
+  ops->event_destroy(be, e1);
+  ops->event_destroy(be, e2);
+}
+
+/* A synchronize runs the stream's items up to its mark at once, those that borrow events
+ * too: the stream has run everything they wait for. */
+static void a_flush_runs_an_item_of_borrowed_events(void) {
+  spw_bevent_t *e1, *e2;
+  ASSERT_OK(ops->event_create(be, &e1));
+  ASSERT_OK(ops->event_create(be, &e2));
+  work_t w;
+  start_and_join_across_gate_with(&w, e1, e2);
+  uint64_t mark = spw__completions_mark(comp, &cell, 1);
+  gate_open(&g);
+  ASSERT_OK(ops->stream_sync(be, s1));
+  spw__completions_flush_stream(comp, s1, mark);
+  ASSERT_EQ(atomic_load(&w.ran), 1);
+  ASSERT_EQ(w.pieces, 2);
+  ops->event_destroy(be, e1);
+  ops->event_destroy(be, e2);
+}
+
+/* An item with its own event takes no borrowed one, and the reverse: each kind keeps the
+ * event its joins rely on. */
+static void an_item_joins_only_work_of_its_kind(void) {
+  spw_bevent_t *e;
+  ASSERT_OK(ops->event_create(be, &e));
+  work_t a = {.pieces = 1}, b = {.pieces = 1};
+  int one = 1;
+  ASSERT_OK(ops->launch_host_func(be, s1, gate_wait, &g));
+  ASSERT_OK(spw__completions_after_open(comp, s1, &cell, 0, run_work, &a));
+  ASSERT_OK(ops->event_record(be, e, s1));
+  ASSERT_STATUS(spw__completions_join_event(comp, s1, &cell, e, join_piece, &one),
+                SPW_ERR_NOT_READY);
+  ASSERT_OK(spw__completions_after_event_open(comp, s1, &cell, e, run_work, &b));
+  ASSERT_STATUS(spw__completions_join(comp, s1, &cell, join_piece, &one), SPW_ERR_NOT_READY);
+  ASSERT_STATUS(spw__completions_join_event(comp, s2, &cell, e, join_piece, &one),
+                SPW_ERR_NOT_READY);
+  ASSERT_EQ(a.pieces, 1);
+  ASSERT_EQ(b.pieces, 1);
+  gate_open(&g);
+  spw__completions_drain(comp);
+  ASSERT_EQ(atomic_load(&a.ran), 1);
+  ASSERT_EQ(atomic_load(&b.ran), 1);
+  ops->event_destroy(be, e);
 }
 
 static void a_mark_seals_the_open_item(void) {
@@ -229,6 +305,9 @@ static void work_behind_a_busy_stream_waits_even_when_asked_to_run_now(void) {
 
 static const spw_test_t tests[] = {
     TEST(joined_work_runs_only_after_the_work_enqueued_before_the_join),
+    TEST(work_joined_with_an_event_waits_for_that_event),
+    TEST(a_flush_runs_an_item_of_borrowed_events),
+    TEST(an_item_joins_only_work_of_its_kind),
     TEST(a_mark_seals_the_open_item),
     TEST(a_mark_seals_every_cell_it_is_given),
     TEST(an_item_that_ran_takes_no_more_work),

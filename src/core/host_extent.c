@@ -92,10 +92,10 @@ static int batch_join(void *open_arg, const void *add) {
 }
 
 void spw__host_extent_free_behind(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream,
-                                  spw_completion_cell_t *cell) {
+                                  spw_completion_cell_t *cell, spw_bevent_t *ev) {
   if (!e->ptr) return;
   atomic_fetch_add(&rt->c.host_deferred, e->bytes);
-  int st = spw__completions_join(rt->completions, stream, cell, batch_join, e);
+  int st = spw__completions_join_event(rt->completions, stream, cell, ev, batch_join, e);
   if (st != SPW_OK) {
     extent_batch_t *b = malloc(sizeof *b);
     st = SPW_ERR_SYSTEM;
@@ -103,7 +103,7 @@ void spw__host_extent_free_behind(spw_runtime_t *rt, spw_host_extent_t *e, spw_s
       b->rt = rt;
       b->n = 1;
       b->e[0] = *e;
-      st = spw__completions_after_open(rt->completions, stream, cell, 0, free_batch, b);
+      st = spw__completions_after_event_open(rt->completions, stream, cell, ev, free_batch, b);
       if (st != SPW_OK) free(b);
     }
   }
@@ -112,7 +112,7 @@ void spw__host_extent_free_behind(spw_runtime_t *rt, spw_host_extent_t *e, spw_s
     return;
   }
   atomic_fetch_sub(&rt->c.host_deferred, e->bytes);
-  free_later(rt, e, stream, NULL); /* its own item, or a wait */
+  free_later(rt, e, NULL, ev); /* its own item, or a wait */
 }
 
 void spw__host_extent_free(spw_runtime_t *rt, spw_host_extent_t *e) {

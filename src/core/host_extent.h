@@ -27,12 +27,16 @@ size_t spw__host_extent_alloc_n(spw_runtime_t *rt, const size_t *bytes, size_t n
                                 spw_host_extent_t *out, int *status);
 /* Returns `e` once the work enqueued so far on `stream` has completed; empties it. */
 void spw__host_extent_free_after(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream);
-/* As spw__host_extent_free_after, joining the open item of `cell` (the stream's) when there
- * is one: the frees behind one stream's consecutive copies (single acquires of spilled
- * buffers) share one completion item and one event, so the completion poller queries one
- * event per round instead of one per copy, beside the thread that enqueues them. */
+/* Returns `e` once `ev` has completed, as spw__host_extent_free_after_event, joining the
+ * open item of `cell` (the stream's) when there is one: the frees behind one stream's
+ * consecutive copies (single acquires of spilled buffers) share one completion item, so the
+ * completion poller queries one event per round instead of one per copy, beside the thread
+ * that enqueues them. `ev`: a slot's `ready`, recorded on `stream` after the copy that reads
+ * `e`; the item waits for the newest one it was given and records no event of its own (a
+ * slot's `ready` is recorded again only by the buffer's next unspill, which needs it
+ * unlocked, so after the stream has run the copies it covers). Empties `e`. */
 void spw__host_extent_free_behind(spw_runtime_t *rt, spw_host_extent_t *e, spw_stream_t stream,
-                                  spw_completion_cell_t *cell);
+                                  spw_completion_cell_t *cell, spw_bevent_t *ev);
 /* Returns `e` once `ev` (already recorded; it outlives the wait) has completed; empties it. */
 void spw__host_extent_free_after_event(spw_runtime_t *rt, spw_host_extent_t *e, spw_bevent_t *ev);
 

@@ -53,7 +53,7 @@ int spw__unspill(spw_runtime_t *rt, const spw_move_t *m, spw_stream_t stream,
     spw_place_t to = {.dptr = d}, release;
     end = spw__move_commit(rt, m, &to, SPW_W_WAIT | keep, locks, &release);
     /* The copy may still read the host extent, and (freed meanwhile) write the memory. */
-    spw__host_extent_free_behind(rt, &release.host, stream, frees);
+    spw__host_extent_free_behind(rt, &release.host, stream, frees, s->ready);
     uint64_t device = spw__place_release(rt, &release, m->size, s->ready);
     if (device) spw__budget_credit(rt, device);
   } else {
