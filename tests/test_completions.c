@@ -108,20 +108,26 @@ static void start_and_join_across_gate_with(work_t *w, spw_bevent_t *e1, spw_bev
 
 static void start_and_join_across_gate(work_t *w) { start_and_join_across_gate_with(w, NULL, NULL); }
 
+/* The joined work of `w` does not run while the gate holds the stream, however many
+ * polling rounds (20 us to 1 ms each) pass, and runs once, whole, after it opens. */
+static void runs_only_once_the_gate_opens(work_t *w) {
+  gate_await_entered(&g);
+  test_sleep_ms(50);
+  ASSERT_EQ(atomic_load(&w->ran), 0);
+  ASSERT_EQ(w->pieces, 2);
+  gate_open(&g);
+  spw__completions_drain(comp);
+  ASSERT_EQ(atomic_load(&w->ran), 1);
+  ASSERT_OK(w->status);
+  ASSERT_EQ(w->pieces, 2);
+}
+
+/* The stream was idle when the item started: without the join's new record, the item would
+ * run within a polling round. */
 static void joined_work_runs_only_after_the_work_enqueued_before_the_join(void) {
   work_t w;
   start_and_join_across_gate(&w);
-  gate_await_entered(&g);
-  /* The stream was idle when the item started: without the join's new record, the item
-   * would run within a polling round. Many rounds (20 us to 1 ms each) pass here. */
-  test_sleep_ms(50);
-  ASSERT_EQ(atomic_load(&w.ran), 0);
-  ASSERT_EQ(w.pieces, 2);
-  gate_open(&g);
-  spw__completions_drain(comp);
-  ASSERT_EQ(atomic_load(&w.ran), 1);
-  ASSERT_OK(w.status);
-  ASSERT_EQ(w.pieces, 2);
+  runs_only_once_the_gate_opens(&w);
 }
 
 /* An item that borrows the caller's events (a slot's `ready`) records none of its own: a
@@ -131,15 +137,8 @@ static void work_joined_with_an_event_waits_for_that_event(void) {
   ASSERT_OK(ops->event_create(be, &e1));
   ASSERT_OK(ops->event_create(be, &e2));
   work_t w;
-  start_and_join_across_gate_with(&w, e1, e2);
-  gate_await_entered(&g);
-  test_sleep_ms(50); /* e1 completed before the gate: many rounds pass here */
-  ASSERT_EQ(atomic_load(&w.ran), 0);
-  ASSERT_EQ(w.pieces, 2);
-  gate_open(&g);
-  spw__completions_drain(comp);
-  ASSERT_EQ(atomic_load(&w.ran), 1);
-  ASSERT_OK(w.status);
+  start_and_join_across_gate_with(&w, e1, e2); /* e1 completed before the gate */
+  runs_only_once_the_gate_opens(&w);
   ops->event_destroy(be, e1);
   ops->event_destroy(be, e2);
 }
