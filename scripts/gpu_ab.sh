@@ -16,7 +16,8 @@
 # environment as NAME=DIR:VAR=VALUE,VAR=VALUE (default: "head=build-gpu" and every .out/*/
 # that holds a library). Each run's output goes to $OUT/ab-BENCH-NAME-ROUND.txt (or
 # $SPW_GPU_LOGS); the lines starting with "|" that hold numbers and the "data check" line are
-# printed per run. Run `scripts/gpu_run.sh carried` first in the same command.
+# printed per run. Under $OUT the run files are packed into one ab-BENCH-HHMMSS.tgz at the
+# end, since the device tool brings back at most 8 files a call. Run `scripts/gpu_run.sh carried` first in the same command.
 # SPW_AB_BACKEND=host tries the script on a machine without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -69,4 +70,9 @@ for round in $(seq "$rounds"); do
     grep -m1 'data check' "$log"
   done
 done
+if [ -n "${OUT:-}" ] && [ "$logs" = "$OUT" ]; then
+  pack=ab-$bench-$(date +%H%M%S).tgz
+  (cd "$logs" && tar czf "$pack" ab-"$bench"-*-*.txt && rm -f ab-"$bench"-*-*.txt) ||
+    echo "gpu_ab: could not pack the run files into $pack" >&2
+fi
 exit $rc
