@@ -17,12 +17,13 @@
 # that holds a library). Each run's output goes to $OUT/ab-BENCH-NAME-ROUND.txt (or
 # $SPW_GPU_LOGS); the lines starting with "|" that hold numbers and the "data check" line are
 # printed per run. Under $OUT the run files are packed into one ab-BENCH-HHMMSS.tgz at the
-# end, since the device tool brings back at most 8 files a call. Run `scripts/gpu_run.sh carried` first in the same command.
+# end, since the device tool brings back at most 8 files a call. Run
+# `scripts/gpu_run.sh carried` first in the same command.
 # SPW_AB_BACKEND=host tries the script on a machine without a GPU.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 if [ $# -lt 2 ]; then
-  sed -n '3,20p' "$0" >&2
+  sed -n '3,22p' "$0" >&2
   exit 2
 fi
 rounds=$1

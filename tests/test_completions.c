@@ -4,8 +4,8 @@
  * enqueued before the join has completed, never with the earlier work alone; a mark seals
  * the open item; an item that ran, or one of another stream, takes no more work; asked to,
  * an item behind an idle stream runs at once, and only when asked; an item that borrows the
- * caller's events waits for the newest one a join hands it. A gate (a host function that blocks its stream
- * until the test opens it) stands for a long kernel. */
+ * caller's events waits for the newest one a join hands it. A gate (a host function that
+ * blocks its stream until the test opens it) stands for a long kernel. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -106,7 +106,9 @@ static void start_and_join_across_gate_with(work_t *w, spw_bevent_t *e1, spw_bev
   ASSERT_TRUE(!"no join landed in 1000 tries");
 }
 
-static void start_and_join_across_gate(work_t *w) { start_and_join_across_gate_with(w, NULL, NULL); }
+static void start_and_join_across_gate(work_t *w) {
+  start_and_join_across_gate_with(w, NULL, NULL);
+}
 
 /* The joined work of `w` does not run while the gate holds the stream, however many
  * polling rounds (20 us to 1 ms each) pass, and runs once, whole, after it opens. */

@@ -632,7 +632,8 @@ static void an_acquire_n_keeps_clean_host_copies_only_when_read_only(void) {
     ASSERT_OK(spw_wait_idle(rt));
     ASSERT_UEQ(stats_of(rt).clean_respills - clean, (uint64_t)(read_only ? N : 0));
   }
-  for (int i = 0; i < N; i++) expect_and_free(b[i], want[i], 4096 + 64 * (size_t)i, 500 + (uint64_t)i);
+  for (int i = 0; i < N; i++)
+    expect_and_free(b[i], want[i], 4096 + 64 * (size_t)i, 500 + (uint64_t)i);
 }
 
 /* acquire_n is all or nothing: when a lock fails after its batch from host has brought
