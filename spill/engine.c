@@ -10,8 +10,10 @@
 #include "clock.h"
 
 /* Device staging per lane stream: a part of 2048 buffers of 4 KiB is 8 MiB; larger runs
- * cross in several transfers. */
+ * cross in several transfers. A slice stream's stage holds one such part: a lane's slices
+ * together have about as much as before they had streams of their own. */
 #define SPW_ENGINE_STAGE_BYTES ((size_t)16 << 20)
+#define SPW_ENGINE_SLICE_STAGE_BYTES ((size_t)8 << 20)
 
 typedef struct lane {
   spw_engine_t *e;
@@ -20,6 +22,11 @@ typedef struct lane {
   pthread_cond_t cv; /* its worker: jobs, a kick (down lane) or stop */
   spw_job_t *head, *tail;
   spw_stream_t stream;
+  /* The slices' streams: [0] is `stream`; slice i of a sliced request copies on [i], so
+   * that one slice's gather or scatter on the device runs beside another's transfer instead
+   * of taking turns with it on one stream. Fixed from start to stop. */
+  spw_stream_t slice[SPW_ENGINE_MAX_SLICES];
+  unsigned nslices;
   int busy, started;
   /* Submissions are numbered: `queued` is the last one queued, `done` the last one whose
    * run has ended, so that a waiter waits for what was queued before it and no more. */
@@ -93,7 +100,8 @@ static void *worker(void *arg) {
 }
 
 int spw__engine_start(const spw_backend_ops_t *ops, spw_backend_t *be,
-                      const spw_engine_work_t *work, spw_engine_t **out) {
+                      const spw_engine_work_t *work, unsigned slices, spw_engine_t **out) {
+  if (slices < 1 || slices > SPW_ENGINE_MAX_SLICES) return SPW_ERR_INVALID_ARG;
   spw_engine_t *e = calloc(1, sizeof *e);
   if (!e) return SPW_ERR_SYSTEM;
   e->ops = ops;
@@ -111,6 +119,16 @@ int spw__engine_start(const spw_backend_ops_t *ops, spw_backend_t *be,
     /* Staging for the lane's batches of small buffers; without it they go slower. */
     if (st == SPW_OK && ops->stream_stage)
       (void)ops->stream_stage(be, l->stream, SPW_ENGINE_STAGE_BYTES);
+    if (st == SPW_OK) {
+      l->slice[0] = l->stream;
+      l->nslices = 1;
+    }
+    for (unsigned k = 1; st == SPW_OK && k < slices; k++) {
+      if ((st = ops->stream_create(be, &l->slice[k])) != SPW_OK) break;
+      l->nslices = k + 1;
+      if (ops->stream_stage)
+        (void)ops->stream_stage(be, l->slice[k], SPW_ENGINE_SLICE_STAGE_BYTES);
+    }
   }
   for (int i = 0; i < 2 && st == SPW_OK; i++) {
     if (pthread_create(&e->lanes[i].thread, NULL, worker, &e->lanes[i]) != 0) st = SPW_ERR_SYSTEM;
@@ -137,6 +155,7 @@ void spw__engine_stop(spw_engine_t *e) {
   for (int i = 0; i < 2; i++) {
     lane_t *l = &e->lanes[i];
     if (l->head && e->work.discard) e->work.discard(e->work.ctx, l->head); /* queued too late */
+    for (unsigned k = 1; k < l->nslices; k++) e->ops->stream_destroy(e->be, l->slice[k]);
     if (l->stream) e->ops->stream_destroy(e->be, l->stream);
     pthread_cond_destroy(&l->cv);
   }
@@ -147,6 +166,15 @@ void spw__engine_stop(spw_engine_t *e) {
 
 spw_stream_t spw__engine_stream(const spw_engine_t *e, spw_lane_t lane) {
   return e->lanes[lane].stream;
+}
+
+unsigned spw__engine_slices(const spw_engine_t *e, spw_lane_t lane) {
+  return e->lanes[lane].nslices;
+}
+
+spw_stream_t spw__engine_slice_stream(const spw_engine_t *e, spw_lane_t lane, unsigned i) {
+  const lane_t *l = &e->lanes[lane];
+  return l->slice[i % l->nslices];
 }
 
 int spw__engine_on_lane(const spw_engine_t *e, spw_lane_t lane) {

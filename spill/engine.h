@@ -51,14 +51,24 @@ typedef struct spw_engine_work {
   void *ctx;
 } spw_engine_work_t;
 
-/* Creates both streams and starts both lanes. On error nothing is left behind. */
+/* The most slices a lane's request is cut into (its helpers and its own thread). */
+#define SPW_ENGINE_MAX_SLICES 16
+
+/* Creates each lane's streams, `slices` of them (1 to SPW_ENGINE_MAX_SLICES: the first is
+ * the lane's stream, the others its slices'), and starts both lanes. On error nothing is
+ * left behind; an invalid `slices` is SPW_ERR_INVALID_ARG. */
 int spw__engine_start(const spw_backend_ops_t *ops, spw_backend_t *be,
-                      const spw_engine_work_t *work, spw_engine_t **out);
+                      const spw_engine_work_t *work, unsigned slices, spw_engine_t **out);
 /* Runs the queued jobs, stops both lanes, destroys the streams; jobs queued after a lane
  * stopped are discarded. NULL-safe. */
 void spw__engine_stop(spw_engine_t *e);
 /* The lane's copy stream (d2h for DOWN, h2d for UP). */
 spw_stream_t spw__engine_stream(const spw_engine_t *e, spw_lane_t lane);
+/* How many streams the lane's slices copy on (the lane's own included), and the one of
+ * slice i (i modulo that count; slice 0's is the lane's stream). Fixed while the engine
+ * runs: callable from any thread without a lock. */
+unsigned spw__engine_slices(const spw_engine_t *e, spw_lane_t lane);
+spw_stream_t spw__engine_slice_stream(const spw_engine_t *e, spw_lane_t lane, unsigned i);
 /* Queues `job` on `lane`; the lane's work function frees it. Never fails. */
 void spw__engine_submit(spw_engine_t *e, spw_lane_t lane, spw_job_t *job);
 /* Wakes the down lane for its background function. Cheap; callable from anywhere;

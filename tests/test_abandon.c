@@ -135,11 +135,12 @@ static void free_of_an_abandoned_victim_waits_for_its_spiller(void) {
 typedef struct spiller {
   spw_runtime_t *rt;
   spw_victim_t *v;
+  spw_stream_t d2h; /* the down stream its copy goes on */
 } spiller_t;
 
 static void *spill_main(void *arg) {
   spiller_t *sp = arg;
-  spw__spill_batch(sp->rt, sp->v, 1, SPW_SPILL_EXPLICIT);
+  spw__spill_claiming(sp->rt, sp->v, 1, NULL, SPW_SPILL_EXPLICIT, sp->d2h);
   return NULL;
 }
 
@@ -151,8 +152,8 @@ static void count_copy(void *arg, spw_fault_t op, spw_stream_t stream) {
 
 static void set_flag(void *arg) { atomic_store((atomic_int *)arg, 1); }
 
-/* A spill of b whose copy is enqueued on the download stream but held there behind a gate,
- * by a spiller thread that waits for it. */
+/* A spill of b whose copy is enqueued on down stream `d2h` (the lane's, or a slice's) but
+ * held there behind a gate, by a spiller thread that waits for it. */
 typedef struct held_spill {
   gate_t g;
   atomic_int copies;
@@ -161,18 +162,22 @@ typedef struct held_spill {
   pthread_t t;
 } held_spill_t;
 
-static void held_spill_start(held_spill_t *h, spw_buf_t b) {
+static void held_spill_start_on(held_spill_t *h, spw_buf_t b, spw_stream_t d2h) {
   gate_init(&h->g);
   atomic_init(&h->copies, 0);
-  ASSERT_OK(rt->ops->launch_host_func(rt->be, spw__d2h(rt), gate_wait, &h->g));
+  ASSERT_OK(rt->ops->launch_host_func(rt->be, d2h, gate_wait, &h->g));
   spw__faults_hook(rt->be, SPW_FAULT_COPY, count_copy, &h->copies);
   h->v = claim(b);
-  h->sp = (spiller_t){rt, &h->v};
+  h->sp = (spiller_t){rt, &h->v, d2h};
   ASSERT_EQ(pthread_create(&h->t, NULL, spill_main, &h->sp), 0);
   for (uint64_t t0 = test_now_ms(); atomic_load(&h->copies) == 0 && test_now_ms() - t0 < 5000;)
     test_sleep_ms(1);
   spw__faults_hook(rt->be, SPW_FAULT_COPY, NULL, NULL);
   ASSERT_EQ(atomic_load(&h->copies), 1);
+}
+
+static void held_spill_start(held_spill_t *h, spw_buf_t b) {
+  held_spill_start_on(h, b, spw__d2h(rt));
 }
 
 /* Work enqueued on `stream` now runs only once the held copy is let go; then the spill
@@ -232,6 +237,26 @@ static void a_lock_after_an_abandon_rolled_back_waits_for_the_spill_copy(void) {
   ASSERT_OK(spw_stream_destroy(rt, other));
 }
 
+/* A large request's slices copy on streams of their own: an abandon must follow a copy on
+ * any of them, not only on the lane's stream. The copy is held on the last slice's stream
+ * of a runtime with three helpers. */
+static void work_after_an_abandon_waits_for_a_spill_copy_on_a_slices_stream(void) {
+  spw_config_t cfg = SPW_CONFIG_INIT;
+  cfg.engine_helpers = 3;
+  reopen_fixture(&cfg);
+  ASSERT_EQ(spw__engine_slices(rt->engine, SPW_LANE_DOWN), 4u);
+  spw_stream_t slice = spw__engine_slice_stream(rt->engine, SPW_LANE_DOWN, 3);
+  ASSERT_TRUE(slice != spw__d2h(rt));
+  spw_buf_t b = written(10);
+  held_spill_t h;
+  held_spill_start_on(&h, b, slice);
+  void *d = NULL;
+  ASSERT_OK(spw_acquire(rt, b, s, 0, &d)); /* abandons; the copy is enqueued, held */
+  runs_behind_the_held_copy(&h, s);
+  ASSERT_EQ(mismatch(b, 10), (size_t)-1);
+  ASSERT_OK(spw_free(rt, b));
+}
+
 static const spw_test_t tests[] = {
     TEST(writes_after_abandoning_a_clean_spill_survive),
     TEST(writes_after_abandoning_a_dirty_spill_survive),
@@ -239,5 +264,6 @@ static const spw_test_t tests[] = {
     TEST(free_of_an_abandoned_victim_waits_for_its_spiller),
     TEST(work_after_an_abandon_waits_for_the_spill_copy),
     TEST(a_lock_after_an_abandon_rolled_back_waits_for_the_spill_copy),
+    TEST(work_after_an_abandon_waits_for_a_spill_copy_on_a_slices_stream),
 };
 TEST_MAIN_FIXTURE(tests, open_fixture, close_fixture)

@@ -83,7 +83,7 @@ static void open_fixture(void) {
   c = (ctx_t){0};
   spw_engine_work_t w = {
       .run = run, .background = background, .tidy = tidy, .discard = discard, .ctx = &c};
-  ASSERT_OK(spw__engine_start(ops, be, &w, &c.e));
+  ASSERT_OK(spw__engine_start(ops, be, &w, 1, &c.e));
 }
 
 static void close_fixture(void) {
@@ -218,7 +218,56 @@ static void a_stopping_engine_leaves_the_tidy_steps(void) {
   ASSERT_TRUE(await_tidies(1) > 0);
 }
 
+/* An engine of its own, beside the fixture's: each lane gets `slices` streams. */
+static spw_engine_t *start_with_slices(unsigned slices, int *status) {
+  spw_engine_work_t w = {
+      .run = run, .background = background, .tidy = tidy, .discard = discard, .ctx = &c};
+  spw_engine_t *e = NULL;
+  *status = spw__engine_start(ops, be, &w, slices, &e);
+  return e;
+}
+
+static void each_slice_of_a_lane_copies_on_a_stream_of_its_own(void) {
+  int st;
+  spw_engine_t *e = start_with_slices(4, &st);
+  ASSERT_OK(st);
+  for (int lane = 0; lane < 2; lane++) {
+    ASSERT_EQ(spw__engine_slices(e, (spw_lane_t)lane), 4u);
+    /* Slice 0 copies on the lane's own stream: an unsliced request and the first slice of
+     * a sliced one are ordered as before. */
+    ASSERT_TRUE(spw__engine_slice_stream(e, (spw_lane_t)lane, 0) ==
+                spw__engine_stream(e, (spw_lane_t)lane));
+    for (unsigned i = 0; i < 4; i++)
+      for (unsigned j = 0; j < i; j++)
+        ASSERT_TRUE(spw__engine_slice_stream(e, (spw_lane_t)lane, i) !=
+                    spw__engine_slice_stream(e, (spw_lane_t)lane, j));
+    /* More slices than streams (a caller running extra parts itself) wrap around. */
+    ASSERT_TRUE(spw__engine_slice_stream(e, (spw_lane_t)lane, 5) ==
+                spw__engine_slice_stream(e, (spw_lane_t)lane, 1));
+  }
+  ASSERT_TRUE(spw__engine_slice_stream(e, SPW_LANE_DOWN, 1) !=
+              spw__engine_slice_stream(e, SPW_LANE_UP, 1));
+  spw__engine_stop(e);
+}
+
+static void an_engine_of_one_slice_has_only_the_lanes_streams(void) {
+  ASSERT_EQ(spw__engine_slices(c.e, SPW_LANE_DOWN), 1u);
+  ASSERT_TRUE(spw__engine_slice_stream(c.e, SPW_LANE_UP, 3) ==
+              spw__engine_stream(c.e, SPW_LANE_UP));
+}
+
+static void a_slice_count_out_of_range_is_refused(void) {
+  int st;
+  ASSERT_TRUE(start_with_slices(0, &st) == NULL);
+  ASSERT_STATUS(st, SPW_ERR_INVALID_ARG);
+  ASSERT_TRUE(start_with_slices(SPW_ENGINE_MAX_SLICES + 1, &st) == NULL);
+  ASSERT_STATUS(st, SPW_ERR_INVALID_ARG);
+}
+
 static const spw_test_t tests[] = {
+    TEST(each_slice_of_a_lane_copies_on_a_stream_of_its_own),
+    TEST(an_engine_of_one_slice_has_only_the_lanes_streams),
+    TEST(a_slice_count_out_of_range_is_refused),
     TEST(wait_idle_waits_for_a_kick),
     TEST(wait_idle_waits_for_the_kicks_the_background_made_itself),
     TEST(wait_idle_waits_for_a_kick_a_job_on_the_up_lane_made),

@@ -43,6 +43,7 @@ spw_behaviour_test(test_disk_tier SEAM DISK)
 spw_behaviour_test(test_abandon SEAM)
 spw_behaviour_test(test_budget SEAM)
 spw_behaviour_test(test_hints SEAM) # hints held behind a gated lane merge, not pile up
+spw_behaviour_test(test_slices SEAM) # a large request's slices copy on streams of their own
 spw_behaviour_test(test_fault_sweep SEAM DISK TIMEOUT 900)
 foreach(io uring posix) # on a GPU a runtime costs more to make: one point per step there
   set_property(TEST test_fault_sweep.cuda.${io} APPEND PROPERTY ENVIRONMENT SPW_SWEEP_QUICK=1)

@@ -218,7 +218,9 @@ typedef struct spw_config {
                                  spill or prefetch request (or of an spw_acquire_n's batch
                                  from host) at once; in the field -1 means
                                  none, 1 to 15 that many, 0 unset; default auto (3 with 8
-                                 cores or more, 1 with 4 or more, else none) */
+                                 cores or more, 1 with 4 or more, else none). Each helper
+                                 also brings a copy stream per worker, with 8 MiB of device
+                                 staging each on CUDA (outside the device limit) */
 } spw_config_t;
 
 #define SPW_CONFIG_IGNORE_ENV 0x1u /* use only the struct and the built-in defaults */

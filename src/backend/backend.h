@@ -116,7 +116,7 @@ typedef struct spw_backend_ops {
    * cross the link in one copy-engine transfer (gathered or scattered on the device),
    * instead of a kernel reading or writing mapped host memory. Freed with the stream. Errors:
    * SPW_ERR_INVALID_ARG, SPW_ERR_INVALID_STREAM (not made by stream_create), SPW_ERR_BUSY
-   * (it has one, or four streams have), SPW_ERR_OUT_OF_MEMORY; then nothing changes and
+   * (it has one, or 32 streams have), SPW_ERR_OUT_OF_MEMORY; then nothing changes and
    * the batches go as before. */
   int (*stream_stage)(spw_backend_t *b, spw_stream_t s, size_t bytes);
 

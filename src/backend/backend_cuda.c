@@ -37,7 +37,7 @@
 /* Device staging of one stream (stream_stage). `mu` is held while a batch enqueues its
  * transfers through `buf`: the stream's order then keeps each batch's use of it after the
  * one before, whichever thread enqueued that. */
-#define SPW_CUDA_MAX_STAGES 4
+#define SPW_CUDA_MAX_STAGES 32 /* each engine lane: its stream and its slices' (engine.h) */
 typedef struct stage {
   cudaStream_t stream; /* NULL: a free entry */
   void *buf;

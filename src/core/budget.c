@@ -262,8 +262,8 @@ static int alloc_reserved(spw_runtime_t *rt, size_t bytes, spw_stream_t stream, 
     /* The device refused although the budget allowed it (fragmentation, another process,
      * cached pool memory, frees still queued behind streams or events): let the queued
      * frees land, make room, give cached memory back, then retry. */
-    rt->ops->stream_sync(rt->be, spw__d2h(rt));
-    rt->ops->stream_sync(rt->be, spw__h2d(rt));
+    (void)spw__lane_sync(rt, SPW_LANE_DOWN);
+    (void)spw__lane_sync(rt, SPW_LANE_UP);
     spw__completions_drain_for(rt->completions, FREES_LAND_NS);
     uint64_t moved = attempt == 0 ? 0 : spw__spill_lru(rt, bytes, SPW_SPILL_ON_DEMAND, NULL);
     spw__dpool_trim(rt->dpool);

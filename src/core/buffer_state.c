@@ -380,30 +380,59 @@ spw_move_end_t spw__move_abort(spw_runtime_t *rt, const spw_move_t *m, uint64_t 
   return SPW_MOVE_BACK;
 }
 
-/* Makes `stream` wait on `ev`, recorded on the download stream, and puts `ev` back. Without
- * the event (a failed record or wait), waiting for the whole download stream here orders
- * just as well. */
-static int follow_d2h(spw_runtime_t *rt, spw_bevent_t *ev, int recorded, spw_stream_t stream) {
+/* Events marking where each of the down lane's streams stands: a spill's copies are on
+ * the lane's stream, or on a slice's when the lane cut its request into slices. */
+typedef struct down_marks {
+  spw_bevent_t *ev[SPW_ENGINE_MAX_SLICES];
+  unsigned n;
+} down_marks_t;
+
+/* Takes an event for each of the down lane's streams; on failure none is kept. */
+static int marks_get(spw_runtime_t *rt, down_marks_t *m) {
+  const unsigned n = spw__engine_slices(rt->engine, SPW_LANE_DOWN);
+  for (m->n = 0; m->n < n; m->n++) {
+    int st = spw__event_get(&rt->events, &m->ev[m->n]);
+    if (st != SPW_OK) {
+      while (m->n > 0) spw__event_put(&rt->events, m->ev[--m->n]);
+      return st;
+    }
+  }
+  return SPW_OK;
+}
+
+static int marks_record(spw_runtime_t *rt, down_marks_t *m) {
+  int st = SPW_OK;
+  for (unsigned i = 0; i < m->n && st == SPW_OK; i++)
+    st = rt->ops->event_record(rt->be, m->ev[i],
+                               spw__engine_slice_stream(rt->engine, SPW_LANE_DOWN, i));
+  return st;
+}
+
+/* Makes `stream` wait on the marks, recorded (`recorded` is the status of recording them),
+ * and puts their events back. Without them (a failed record or wait), waiting for the down
+ * lane's streams here orders just as well. */
+static int follow_down(spw_runtime_t *rt, down_marks_t *m, int recorded, spw_stream_t stream) {
   int st = recorded;
-  if (st == SPW_OK) st = rt->ops->stream_wait_event(rt->be, stream, ev);
-  if (st != SPW_OK) st = rt->ops->stream_sync(rt->be, spw__d2h(rt));
-  spw__event_put(&rt->events, ev);
+  for (unsigned i = 0; i < m->n && st == SPW_OK; i++)
+    st = rt->ops->stream_wait_event(rt->be, stream, m->ev[i]);
+  if (st != SPW_OK) st = spw__lane_sync(rt, SPW_LANE_DOWN);
+  while (m->n > 0) spw__event_put(&rt->events, m->ev[--m->n]);
   return st;
 }
 
 int spw__move_abandon(spw_runtime_t *rt, spw_slot_t *s, spw_stream_t stream) {
-  spw_bevent_t *ev = NULL;
-  int st = spw__event_get(&rt->events, &ev);
+  down_marks_t m;
+  int st = marks_get(rt, &m);
   if (st != SPW_OK) return st;
   uint64_t w = atomic_load(&s->word);
-  /* Under the gate: the mover either enqueued its copies before (then the event follows
-   * them) or will see RESIDENT and enqueue none. */
+  /* Under the gate: the mover either enqueued its copies before (then the marks follow
+   * them, on whichever down stream they went) or will see RESIDENT and enqueue none. */
   pthread_mutex_lock(&rt->d2h_gate);
   s->move_seq++;
   set_word(s, w, spw__w_with_state(w, SPW_STATE_RESIDENT) + 1);
-  st = rt->ops->event_record(rt->be, ev, spw__d2h(rt));
+  st = marks_record(rt, &m);
   pthread_mutex_unlock(&rt->d2h_gate);
-  st = follow_d2h(rt, ev, st, stream);
+  st = follow_down(rt, &m, st, stream);
   if (st != SPW_OK) {
     atomic_fetch_sub(&s->word, 1); /* no lock after all: RESIDENT, unlocked, still MOVING */
     return st;
@@ -413,10 +442,10 @@ int spw__move_abandon(spw_runtime_t *rt, spw_slot_t *s, spw_stream_t stream) {
 }
 
 int spw__move_follow_abandoned(spw_runtime_t *rt, spw_stream_t stream) {
-  spw_bevent_t *ev = NULL;
-  int st = spw__event_get(&rt->events, &ev);
+  down_marks_t m;
+  int st = marks_get(rt, &m);
   if (st != SPW_OK) return st;
   /* No gate: the mover's copies were enqueued before the abandon, which came before us
-   * (the slot mutex orders the two), so the download stream's work so far includes them. */
-  return follow_d2h(rt, ev, rt->ops->event_record(rt->be, ev, spw__d2h(rt)), stream);
+   * (the slot mutex orders the two), so the down streams' work so far includes them. */
+  return follow_down(rt, &m, marks_record(rt, &m), stream);
 }

@@ -207,13 +207,13 @@ static size_t claim_spills(void *ctx, spw_victim_t *v, size_t max) {
 }
 
 /* Spills what hs[0..n) wish: the host tier's as one batch that takes and claims its
- * victims a part at a time, then the disk tier's. */
+ * victims a part at a time, copying on `d2h`, then the disk tier's. */
 static void spill_some(spw_runtime_t *rt, const spw_buf_t *hs, size_t n, spw_victim_t *v,
-                       spw_victim_t **vd) {
+                       spw_victim_t **vd, spw_stream_t d2h) {
   for (size_t k = 0; k < n; k++) vd[k] = &v[n - 1 - k];
   spill_source_t c = {.rt = rt, .hs = hs, .n = n, .vd = vd};
   spw_victim_source_t src = {claim_spills, &c};
-  spw__spill_claiming(rt, v, n, &src, SPW_SPILL_EXPLICIT);
+  spw__spill_claiming(rt, v, n, &src, SPW_SPILL_EXPLICIT, d2h);
   /* A batch that failed to start took none: their wishes must not stay queued in the set,
    * where an equal hint would merge with them and never be queued again. */
   if (c.next < n) take_some(rt, SPW_LANE_DOWN, hs + c.next, n - c.next, NULL);
@@ -229,10 +229,13 @@ typedef struct slices {
   spw_victim_t **vd;
 } slices_t;
 
+/* Slice i copies on a stream of its own, so that its gathers on the device run beside the
+ * other slices' transfers instead of taking turns with them on one stream. */
 static void spill_slice(void *ctx, unsigned i) {
   const slices_t *c = ctx;
   size_t lo = c->n * i / c->count, hi = c->n * (i + 1) / c->count;
-  spill_some(c->rt, c->hs + lo, hi - lo, c->v + lo, c->vd + lo);
+  spill_some(c->rt, c->hs + lo, hi - lo, c->v + lo, c->vd + lo,
+             spw__engine_slice_stream(c->rt->engine, SPW_LANE_DOWN, i));
 }
 
 static void run_spills(spw_runtime_t *rt, const spw_buf_t *hs, size_t n) {

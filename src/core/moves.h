@@ -51,9 +51,12 @@ typedef struct spw_victim_source {
   void *ctx;
 } spw_victim_source_t;
 /* spw__spill_batch over victims that src claims a part at a time, at most `cap` of them,
- * into v: the claims of a part run while the previous part copies. */
+ * into v: the claims of a part run while the previous part copies. The copies go on
+ * `d2h`, one of the down lane's streams (spw__d2h, or a slice's: spw__engine_slice_stream),
+ * which spw__move_abandon follows. */
 uint64_t spw__spill_claiming(spw_runtime_t *rt, spw_victim_t *v, size_t cap,
-                             const spw_victim_source_t *src, spw_spill_reason_t why);
+                             const spw_victim_source_t *src, spw_spill_reason_t why,
+                             spw_stream_t d2h);
 
 /* ---- disk_move.c ---- */
 /* Claimed victims straight to disk, together through the staging slots (small ones share a
@@ -95,6 +98,9 @@ typedef struct spw_up_how {
    * it RESIDENT with one lock already taken for the caller (else left as it is); NULL for
    * none. */
   void **locked;
+  /* The stream its copies go on: one of the up lane's (a slice's, spw__engine_slice_stream);
+   * NULL for the lane's own (spw__h2d). */
+  spw_stream_t stream;
 } spw_up_how_t;
 /* Brings the HOST buffers among hs back as pipelined batches, marking each RESIDENT once
  * its copy has completed, as `how` says; others are skipped, and *elsewhere (may be NULL)

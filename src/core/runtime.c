@@ -196,7 +196,9 @@ int spw__runtime_open(const spw_settings_t *settings, void (*armed)(spw_backend_
     if (spw__workers_start(lane_helpers(&rt->settings), &rt->workers[i]) != 0) st = SPW_ERR_SYSTEM;
   if (st == SPW_OK) {
     spw_engine_work_t work = spw__jobs_work(rt);
-    st = spw__engine_start(rt->ops, rt->be, &work, &rt->engine);
+    /* A stream for each slice a request can be cut into (spw__slice_count). */
+    const unsigned slices = spw__workers_width(rt->workers[SPW_LANE_DOWN]);
+    st = spw__engine_start(rt->ops, rt->be, &work, slices, &rt->engine);
   }
   if (st != SPW_OK) {
     spw__log(&rt->log, SPW_LOG_ERROR, "runtime creation failed: %s", spw_err_name(st));
@@ -285,6 +287,15 @@ spw_disk_t *spw__disk(spw_runtime_t *rt, int *status) {
 /* A request this large is cut into slices moved at once by a lane and its helpers; below
  * it, waking them would cost more than it saves. */
 #define SLICE_MIN 4096
+
+int spw__lane_sync(spw_runtime_t *rt, spw_lane_t lane) {
+  int st = SPW_OK;
+  for (unsigned i = 0; i < spw__engine_slices(rt->engine, lane); i++) {
+    int k = rt->ops->stream_sync(rt->be, spw__engine_slice_stream(rt->engine, lane, i));
+    if (st == SPW_OK) st = k;
+  }
+  return st;
+}
 
 unsigned spw__slice_count(const spw_runtime_t *rt, spw_lane_t lane, size_t n) {
   size_t want = n / (rt->slice_min ? rt->slice_min : SLICE_MIN);

@@ -179,6 +179,9 @@ static inline spw_stream_t spw__d2h(spw_runtime_t *rt) {
 static inline spw_stream_t spw__h2d(spw_runtime_t *rt) {
   return spw__engine_stream(rt->engine, SPW_LANE_UP);
 }
+/* Waits for every stream of `lane` (its own and its slices'): what the lane's batches have
+ * enqueued so far has run. Returns the first failure, having waited for every stream. */
+int spw__lane_sync(spw_runtime_t *rt, spw_lane_t lane);
 
 /* ---- the disk tier (runtime.c) ---- */
 /* The disk tier, opened now if it is not yet; NULL with *status the reason it cannot be

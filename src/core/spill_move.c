@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The spill move, device -> host, for a batch of victims at once.
  *
- * The victims' copies go out as one copy_batch per part on the engine's download stream
- * (one kernel for the small ones, copy engines for the large ones), then one event; device
+ * The victims' copies go out as one copy_batch per part on one of the down lane's streams
+ * (the lane's own, or a slice's: a lane cuts a large request into slices, each copying on
+ * a stream of its own) (one kernel for the small ones, copy engines for the large ones),
+ * then one event; device
  * memory is freed only after that event has completed. A victim with a clean host copy
  * (read-only since its last unspill) moves no bytes. A victim whose host extent cannot be
  * had goes straight to disk instead (disk_move.c), so that the device gets its room even
@@ -10,8 +12,9 @@
  *
  * Abandons: an acquire may take a victim back at any time before its commit. Copies are
  * enqueued under the runtime's d2h_gate, and only for victims still SPILLING at that
- * moment; the abandoning acquire takes the same gate to record the event its stream waits
- * on. So the acquirer's later writes never race with a copy of the buffer, and a victim
+ * moment; the abandoning acquire takes the same gate to record the events its stream waits
+ * on, one on each down stream. So the acquirer's later writes never race with a copy of the
+ * buffer, and a victim
  * abandoned before its copy was enqueued is never copied at all. */
 #include <stdlib.h>
 
@@ -216,10 +219,11 @@ static void spill_finish(void *ctx, spw_part_t *p) {
 }
 
 uint64_t spw__spill_claiming(spw_runtime_t *rt, spw_victim_t *v, size_t cap,
-                             const spw_victim_source_t *src, spw_spill_reason_t why) {
+                             const spw_victim_source_t *src, spw_spill_reason_t why,
+                             spw_stream_t d2h) {
   uint64_t t0 = spw__now_ns();
   spill_run_t r = {.rt = rt, .v = v, .n = src ? 0 : cap, .cap = cap, .src = src,
-                   .d2h = spw__d2h(rt), .why = why};
+                   .d2h = d2h, .why = why};
   r.descs = malloc((cap < PART_VICTIMS ? cap : PART_VICTIMS) * sizeof *r.descs);
   r.scratch = malloc(sizeof *r.scratch);
   if (r.descs && r.scratch) {
@@ -281,5 +285,5 @@ uint64_t spw__spill_claiming(spw_runtime_t *rt, spw_victim_t *v, size_t cap,
 }
 
 uint64_t spw__spill_batch(spw_runtime_t *rt, spw_victim_t *v, size_t n, spw_spill_reason_t why) {
-  return spw__spill_claiming(rt, v, n, NULL, why);
+  return spw__spill_claiming(rt, v, n, NULL, why, spw__d2h(rt));
 }

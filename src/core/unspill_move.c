@@ -251,7 +251,8 @@ size_t spw__prefetch_batch(spw_runtime_t *rt, const spw_buf_t *hs, size_t n,
                            const spw_up_how_t *how, size_t *elsewhere) {
   if (elsewhere) *elsewhere = n; /* until counted: a failure below leaves the rest to others */
   uint64_t t0 = spw__now_ns();
-  up_run_t r = {.rt = rt, .hs = hs, .nh = n, .h2d = spw__h2d(rt), .how = *how};
+  up_run_t r = {.rt = rt, .hs = hs, .nh = n, .h2d = how->stream ? how->stream : spw__h2d(rt),
+                .how = *how};
   r.it = malloc(n * sizeof *r.it);
   r.descs = malloc((n < UP_PART_ITEMS ? n : UP_PART_ITEMS) * sizeof *r.descs);
   r.scratch = malloc(sizeof *r.scratch);
@@ -300,12 +301,15 @@ typedef struct up_slices {
   atomic_size_t moved, elsewhere;
 } up_slices_t;
 
+/* Slice i copies on a stream of its own, so that its scatters on the device run beside the
+ * other slices' transfers instead of taking turns with them on one stream. */
 static void up_slice(void *ctx, unsigned i) {
   up_slices_t *c = ctx;
   size_t lo = c->n * i / c->count, hi = c->n * (i + 1) / c->count;
   size_t elsewhere = 0;
   spw_up_how_t how = *c->how;
   if (how.locked) how.locked += lo;
+  how.stream = spw__engine_slice_stream(c->rt->engine, SPW_LANE_UP, i);
   atomic_fetch_add(&c->moved, spw__prefetch_batch(c->rt, c->hs + lo, hi - lo, &how, &elsewhere));
   atomic_fetch_add(&c->elsewhere, elsewhere);
 }
