@@ -44,6 +44,10 @@ spw_behaviour_test(test_abandon SEAM)
 spw_behaviour_test(test_budget SEAM)
 spw_behaviour_test(test_hints SEAM) # hints held behind a gated lane merge, not pile up
 spw_behaviour_test(test_slices SEAM) # a large request's slices copy on streams of their own
+# A spill request that found no memory for its batch is dropped and may be sent again: real
+# malloc failures, through --wrap=malloc (its __wrap_malloc fails one exact size).
+spw_behaviour_test(test_spill_oom SEAM)
+target_link_options(test_spill_oom PRIVATE -Wl,--wrap=malloc)
 spw_behaviour_test(test_fault_sweep SEAM DISK TIMEOUT 900)
 foreach(io uring posix) # on a GPU a runtime costs more to make: one point per step there
   set_property(TEST test_fault_sweep.cuda.${io} APPEND PROPERTY ENVIRONMENT SPW_SWEEP_QUICK=1)
