@@ -24,6 +24,11 @@ if ldd "$build/libspillway.so" | grep -q liburing; then
   echo "gpu_build_here: libspillway.so links liburing dynamically; the GPU machine has none" >&2
   exit 1
 fi
+# The commit the programs were built from, for the logs on the device (scripts/gpu_run.sh
+# carried): the device's copy of the checkout may name another in its git metadata.
+commit=$(git rev-parse --short HEAD)
+git diff --quiet HEAD -- src spill include bench tests demo 2>/dev/null || commit="$commit+changes"
+echo "$commit" >"$build/COMMIT"
 size=$(du -sm "$build" | cut -f1)
-echo "gpu_build_here: $build is $size MiB (commit $(git rev-parse --short HEAD))"
+echo "gpu_build_here: $build is $size MiB (commit $commit)"
 [ "$size" -lt 60 ] || echo "gpu_build_here: more than the carry limit allows with .deps" >&2

@@ -62,7 +62,7 @@
 # 7), SPW_BENCH_DEMO (1: run the demo after the benches), SPW_SUITE_SECONDS (560, per suite).
 # Logs go to $SPW_GPU_LOGS (default /tmp/gpu-logs, kept across the commands of one machine;
 # scripts/gpu_env.sh sets it up for every GPU script); the summary lines go to stdout.
-# SPW_COMMIT names the commit in the logs.
+# SPW_COMMIT names the commit in the logs (default with `carried`: build-gpu/COMMIT).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 . scripts/gpu_env.sh
@@ -103,7 +103,11 @@ phase_carried() {
   [ "$home" != "$PWD" ] &&
     find "$build" -name CTestTestfile.cmake -exec sed -i "s|$home|$PWD|g" {} +
   export LD_LIBRARY_PATH=$PWD/$build${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
-  echo "carried: $build built in $home ($(du -sh "$build" | cut -f1))"
+  # The logs name the commit the carried programs were built from (scripts/gpu_build_here.sh
+  # wrote it), not whatever the device's copy of the git metadata says.
+  [ -z "${SPW_COMMIT:-}" ] && [ -s "$build/COMMIT" ] && export SPW_COMMIT=$(cat "$build/COMMIT")
+  echo "carried: $build built in $home ($(du -sh "$build" | cut -f1)," \
+    "commit ${SPW_COMMIT:-unknown})"
 }
 
 phase_tests() {
