@@ -2,8 +2,9 @@
 /* The benchmarks' CUDA kernels (contract in bench_kernels.h): fill with the check pattern,
  * and add a constant to every u32 word, both grid-stride loops over 32-bit words with a
  * grid capped at a few waves, so one launch serves any buffer size; and a copy of a list of
- * pieces (gather/scatter), one block per piece with 16-byte accesses. Nothing here is
- * global or mutable; the launchers are thread-safe. */
+ * pieces (gather/scatter), one block per piece with 16-byte accesses; and one thread that
+ * holds a stream for a given time. Nothing here is global or mutable; the launchers are
+ * thread-safe. */
 #include <cuda_runtime.h>
 #include <stdint.h>
 
@@ -58,6 +59,15 @@ __global__ void copy_desc_kernel(const bench_copy_desc_t *__restrict__ descs, si
   }
 }
 
+/* One thread that returns `ns` nanoseconds of the GPU's global timer after it started. */
+__global__ void spin_kernel(uint64_t ns) {
+  uint64_t t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do {
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  } while (t - t0 < ns);
+}
+
 constexpr size_t kMaxDescBlocks = 1u << 20;
 
 unsigned grid_for(size_t words) {
@@ -87,5 +97,10 @@ extern "C" int bench_cuda_copy_desc(const bench_copy_desc_t *descs, size_t n, vo
   const size_t blocks = n < kMaxDescBlocks ? n : kMaxDescBlocks;
   copy_desc_kernel<<<static_cast<unsigned>(blocks), kThreads, 0,
                      static_cast<cudaStream_t>(stream)>>>(descs, n);
+  return static_cast<int>(cudaGetLastError());
+}
+
+extern "C" int bench_cuda_spin(uint64_t ns, void *stream) {
+  spin_kernel<<<1, 1, 0, static_cast<cudaStream_t>(stream)>>>(ns);
   return static_cast<int>(cudaGetLastError());
 }

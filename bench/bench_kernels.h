@@ -12,7 +12,8 @@
  *
  * A third kernel copies a list of pieces described in device memory (bench_copy_desc_t):
  * spill_bw's gather of many small buffers into one staging buffer and the reverse scatter,
- * to compare one kernel plus one large copy with per-buffer and batched cudaMemcpy.
+ * to compare one kernel plus one large copy with per-buffer and batched cudaMemcpy. A fourth
+ * holds a stream for a while (spill_bw's enqueue costs without the GPU's back-pressure).
  */
 #ifndef SPILLWAY_BENCH_KERNELS_H
 #define SPILLWAY_BENCH_KERNELS_H
@@ -58,6 +59,11 @@ typedef struct bench_copy_desc {
  * ends are 16-byte aligned, single bytes for the rest. Pieces must not overlap each other
  * (they run in no particular order). */
 int bench_cuda_copy_desc(const bench_copy_desc_t *descs, size_t n, void *stream);
+
+/* Holds `stream` for `ns` nanoseconds: one thread that waits on the GPU's global timer, so
+ * that what is enqueued behind it meanwhile costs its caller the enqueue alone, with no
+ * queue throttled by the GPU's pace. */
+int bench_cuda_spin(uint64_t ns, void *stream);
 #endif
 
 #ifdef __cplusplus

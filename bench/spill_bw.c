@@ -33,7 +33,12 @@
  * Every timed pass is checked: after a spill all buffers must be on host and the spill byte
  * counter must have grown by the working set; after an unspill all must be resident. At the
  * end of each size a sample of buffers is read back and compared word for word with the
- * pattern. Device and host limits are set to twice the largest working set, so no spill on
+ * pattern. Held stream (cuda, below 1 MiB, with the stage variants): the calling thread's
+ * time per call while a kernel holds the stream (bench_cuda_spin, 20 ms) and at most 512
+ * calls are enqueued behind it, for one H2D cudaMemcpyAsync, the same + cudaEventRecord, and
+ * a single writable spw_acquire of a spilled buffer: each call's own cost, which the GPU's
+ * time per copy hides once the queue is full. Device and host limits are set to twice the
+ * largest working set, so no spill on
  * demand or background spill interferes. Nothing here asserts on time.
  *
  * Stage variants (sizes below `stages-below`, default 1 MiB; 0 turns them off): Spillway's
@@ -66,6 +71,10 @@ static const char *const small_name[SMALL_NVAR] = {"per-buffer memcpy", "per-buf
 /* Events recorded in turn by the memcpy + event variant (an acquire records one per copy). */
 #define SMALL_EVENTS 256
 #define SMALL_MAX_SIZE BENCH_MIB /* variants run below this buffer size */
+/* Held stream: the calls enqueued behind a kernel that holds the stream this long, so that
+ * no queue fills and the GPU's pace does not set theirs (about 3 µs a call: 1.5 ms). */
+#define HELD_CALLS 512
+#define HELD_NS 20000000ull
 #endif
 
 /* Stage variants: Spillway's passes with one stage left out (see measure_spillway), seconds
@@ -82,6 +91,9 @@ typedef struct result {
 #ifdef SPW_BENCH_HAVE_CUDA
   double small_d2h[SMALL_NVAR], small_h2d[SMALL_NVAR]; /* 0: not measured */
   double small_enq_h2d[SMALL_NVAR]; /* host seconds to enqueue one H2D pass, median */
+  /* Seconds per call, the stream held (HELD_NS): one H2D memcpy, memcpy + event, and a
+   * single acquire of a spilled buffer. 0: not measured. */
+  double held_memcpy, held_memcpy_event, held_acquire;
 #endif
   uint64_t arena_before; /* pinned arena bytes mapped when the first timed spill started */
   uint64_t bad;          /* wrong words in the checked sample */
@@ -420,6 +432,30 @@ static int small_check(small_ctx_t *x, int v, int down, uint32_t seed, uint64_t 
   return SPW_OK;
 }
 
+/* The calling thread's time per H2D copy (with an event after each when `event`) of the
+ * first HELD_CALLS buffers, enqueued behind bench_cuda_spin: the enqueue alone, nothing
+ * throttled by the GPU's pace. Median of `reps`. The copies are those of the memcpy
+ * variants, whose checks they follow. */
+static int small_held(small_ctx_t *x, int event, unsigned reps, double *per_call) {
+  const size_t n = x->count < HELD_CALLS ? x->count : HELD_CALLS;
+  double t[16];
+  for (unsigned r = 0; r < reps; r++) {
+    int e = bench_cuda_spin(HELD_NS, x->s);
+    if (e != 0) return cuda_err("spin kernel", (cudaError_t)e);
+    double t0 = bench_now();
+    for (size_t i = 0; i < n; i++) {
+      cudaError_t ce = cudaMemcpyAsync(x->dptr[i], x->hptr[i], x->size, cudaMemcpyDefault, x->s);
+      if (ce == cudaSuccess && event) ce = cudaEventRecord(x->ring[i % SMALL_EVENTS], x->s);
+      if (ce != cudaSuccess) return cuda_err("cudaMemcpyAsync (held stream)", ce);
+    }
+    t[r] = (bench_now() - t0) / (double)n;
+    int st = cuda_err("cudaStreamSynchronize", cudaStreamSynchronize(x->s));
+    if (st != SPW_OK) return st;
+  }
+  *per_call = bench_median(t, reps);
+  return SPW_OK;
+}
+
 /* All variants down, then all up. The device region holds `seed` before the first and the
  * pinned region `seed + 1` before the second (written through the staging buffer, which
  * is free then). */
@@ -446,6 +482,8 @@ static int small_run(ctx_t *c, small_ctx_t *x, uint32_t seed) {
       r->bad += bad;
     }
   }
+  if (st == SPW_OK) st = small_held(x, 0, c->reps, &r->held_memcpy);
+  if (st == SPW_OK) st = small_held(x, 1, c->reps, &r->held_memcpy_event);
   return st;
 }
 
@@ -458,6 +496,34 @@ static int measure_small(ctx_t *c, void *dev, void *pinned) {
   return st != SPW_OK ? st : tst;
 }
 #endif /* SPW_BENCH_HAVE_CUDA */
+
+#ifdef SPW_BENCH_HAVE_CUDA
+/* Single writable acquires of spilled buffers, HELD_CALLS a round (fewer when the set is
+ * small), enqueued behind bench_cuda_spin on the acquiring stream: the calling thread's own
+ * cost per acquire with no copy engine setting the pace, next to small_held's raw copies.
+ * Every buffer is resident (and dirty) at the end, as the duplex that follows expects. */
+static int measure_held_acquire(ctx_t *c) {
+  const size_t n = c->count, per = n / c->reps < HELD_CALLS ? n / c->reps : HELD_CALLS;
+  if (per == 0) return SPW_OK;
+  double t[16];
+  int st = spill_range(c->rt, c->bufs, 0, n);
+  for (unsigned k = 0; k < c->reps && st == SPW_OK; k++) {
+    int e = bench_cuda_spin(HELD_NS, c->s);
+    if (e != 0) return cuda_err("spin kernel", (cudaError_t)e);
+    double calls = 0;
+    st = acquire_range_timed(c->rt, c->bufs, k * per, (k + 1) * per, c->s, &calls);
+    t[k] = calls / (double)per;
+    if (calls * 1e9 > HELD_NS / 2) anomaly(c, "the held stream ran on before the acquires "
+                                              "were enqueued", 1);
+  }
+  if (st == SPW_OK) st = acquire_range(c->rt, c->bufs, 0, n, c->s);
+  if (st != SPW_OK) return st;
+  size_t off = count_not_in(c->rt, c->bufs, 0, n, SPW_STATE_RESIDENT);
+  if (off) anomaly(c, "buffers not resident after the held-stream acquires", off);
+  c->res->held_acquire = bench_median(t, c->reps);
+  return SPW_OK;
+}
+#endif
 
 /* A pass timed as a stage variant: the same call as a full pass, on buffers where one or
  * more stages have nothing to do. Afterwards every buffer must still be in `want` and the
@@ -564,6 +630,12 @@ static int measure_spillway(ctx_t *c) {
   r->acquire_n = bench_gbs(ws, bench_median(t_acqn, c->reps));
   if (stages)
     for (int v = 0; v < STAGE_N; v++) r->stage_s[v] = bench_median(t_st[v], c->reps);
+
+#ifdef SPW_BENCH_HAVE_CUDA
+  if (stages && c->env->kind == SPW_BACKEND_CUDA && c->size < SMALL_MAX_SIZE &&
+      (st = measure_held_acquire(c)) != SPW_OK)
+    return st;
+#endif
 
   /* Duplex. Every buffer is resident and dirty now; the second half goes to host first. */
   const size_t half = n / 2;
@@ -680,6 +752,20 @@ static void print_small_table(const result_t *r, size_t n) {
     printf("| %s | %.3f | %.3f | %.3f | %.3f |\n", sz, r[i].small_enq_h2d[SMALL_MEMCPY] * per,
            r[i].small_enq_h2d[SMALL_MEMCPY_EVENT] * per, r[i].small_enq_h2d[SMALL_MEMCPY_KIND] * per,
            r[i].stage_s[STAGE_ACQUIRE_CALLS] * per);
+  }
+  printf("\nthe same with the stream held (a kernel holds it %.0f ms while at most %d calls are "
+         "enqueued behind it): the calling thread's own cost, µs per call, that the GPU's pace "
+         "does not set; an acquire keeps up with the raw copy where its cost stays below the "
+         "GPU's time per copy\n\n| size | per-buffer memcpy | per-buffer memcpy + event | "
+         "Spillway acquire | acquire - (memcpy + event) |\n| ---: | ---: | ---: | ---: | ---: "
+         "|\n", HELD_NS / 1e6, HELD_CALLS);
+  for (size_t i = 0; i < n; i++) {
+    if (!(r[i].held_memcpy > 0) || !(r[i].held_acquire > 0)) continue;
+    char sz[32];
+    bench_fmt_size(r[i].size, sz, sizeof sz);
+    printf("| %s | %.3f | %.3f | %.3f | %.3f |\n", sz, r[i].held_memcpy * 1e6,
+           r[i].held_memcpy_event * 1e6, r[i].held_acquire * 1e6,
+           (r[i].held_acquire - r[i].held_memcpy_event) * 1e6);
   }
 }
 #endif
