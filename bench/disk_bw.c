@@ -517,7 +517,6 @@ static int run_set(const bench_env_t *env, spw_runtime_t *rt, spw_stream_t s, si
 static int measure_set(const bench_env_t *env, spw_runtime_t *rt, spw_stream_t s, size_t n,
                        uint64_t size, uint32_t seed0, const char *dir, unsigned qd,
                        size_t block, int bracket, set_result_t *r) {
-  memset(r, 0, sizeof *r);
   const uint64_t ws = (uint64_t)n * size;
   raw_file_t bf;
   raw_file_t *br = NULL;

@@ -428,12 +428,6 @@ static void expect_batch(spw_runtime_t *rt, spw_stream_t s, const spw_buf_t *b, 
   for (size_t i = 0; i < BATCH_N; i++) expect_contents(rt, b[i], s, batch_size(i), v0 + i);
 }
 
-static int count_in(spw_runtime_t *rt, const spw_buf_t *b, spw_state_t want) {
-  int k = 0;
-  for (size_t i = 0; i < BATCH_N; i++) k += state_of(rt, b[i]) == want;
-  return k;
-}
-
 /* A runtime with BATCH_N filled buffers, in the fixture's spill directory. */
 typedef struct batch_fixture {
   spw_runtime_t *rt;
@@ -445,7 +439,7 @@ typedef struct batch_fixture {
 static void batch_spill_to_disk(batch_fixture_t *f) {
   ASSERT_OK(spw_spill_n(f->rt, f->b, BATCH_N, SPW_TIER_DISK));
   ASSERT_OK(spw_wait_idle(f->rt));
-  ASSERT_EQ(count_in(f->rt, f->b, SPW_STATE_DISK), BATCH_N);
+  ASSERT_EQ(test_count_in(f->rt, f->b, BATCH_N, SPW_STATE_DISK), BATCH_N);
 }
 
 /* The batch, versions from v0, left resident (SPW_TIER_DEVICE) or spilled to disk. */
@@ -474,7 +468,7 @@ static void small_buffers_spilled_together_share_disk_requests(void) {
   ASSERT_LE(writes, (uint64_t)BATCH_N / 4);
   ASSERT_OK(spw_prefetch_n(f.rt, f.b, BATCH_N, f.s));
   ASSERT_OK(spw_wait_idle(f.rt));
-  ASSERT_EQ(count_in(f.rt, f.b, SPW_STATE_RESIDENT), BATCH_N);
+  ASSERT_EQ(test_count_in(f.rt, f.b, BATCH_N, SPW_STATE_RESIDENT), BATCH_N);
   const spw_stats_t read = stats_of(f.rt);
   const uint64_t reads = read.disk_requests - wrote.disk_requests;
   printf("  read back in %" PRIu64 " requests\n", reads);
@@ -503,7 +497,7 @@ static void a_prefetch_of_buffers_on_every_tier_brings_back_host_and_disk_ones(v
   const spw_stats_t before = stats_of(f.rt);
   ASSERT_OK(spw_prefetch_n(f.rt, f.b, BATCH_N, f.s));
   ASSERT_OK(spw_wait_idle(f.rt));
-  ASSERT_EQ(count_in(f.rt, f.b, SPW_STATE_RESIDENT), BATCH_N);
+  ASSERT_EQ(test_count_in(f.rt, f.b, BATCH_N, SPW_STATE_RESIDENT), BATCH_N);
   const spw_stats_t after = stats_of(f.rt);
   ASSERT_UEQ(after.disk_reads, before.disk_reads + nd);
   ASSERT_UEQ(after.disk_bytes, 0);
@@ -526,8 +520,8 @@ static void acquire_n_reads_disk_buffers_as_one_batch(void) {
 /* After one failed request in a batch: some buffers moved and some did not (counted in
  * *on_disk and *resident, printed); returns the statistics. */
 static spw_stats_t split_by_one_failure(batch_fixture_t *f, int *on_disk, int *resident) {
-  *on_disk = count_in(f->rt, f->b, SPW_STATE_DISK);
-  *resident = count_in(f->rt, f->b, SPW_STATE_RESIDENT);
+  *on_disk = (int)test_count_in(f->rt, f->b, BATCH_N, SPW_STATE_DISK);
+  *resident = (int)test_count_in(f->rt, f->b, BATCH_N, SPW_STATE_RESIDENT);
   printf("  one failed request: %d on disk, %d resident\n", *on_disk, *resident);
   ASSERT_EQ(*on_disk + *resident, BATCH_N);
   ASSERT_GT(*on_disk, 0);

@@ -51,12 +51,6 @@ static void fixture_close(fixture_t *f) {
   ASSERT_OK(spw_runtime_destroy(f->rt));
 }
 
-static int count_in(spw_runtime_t *rt, const spw_buf_t *b, int n, spw_state_t st) {
-  int k = 0;
-  for (int i = 0; i < n; i++) k += state_of(rt, b[i]) == st;
-  return k;
-}
-
 /* Waits (with a deadline) until buffer b is in state st. */
 static void await_state(spw_runtime_t *rt, spw_buf_t b, spw_state_t st) {
   for (uint64_t t0 = test_now_ms(); state_of(rt, b) != st && test_now_ms() - t0 < 5000;)
@@ -89,7 +83,7 @@ static void duplicate_handles_in_one_request_move_once(void) {
   ASSERT_OK(spw_prefetch_n(f.rt, many, 4 * 100, f.s));
   ASSERT_OK(spw_wait_idle(f.rt));
   const spw_stats_t after = stats_of(f.rt);
-  ASSERT_EQ(count_in(f.rt, f.b, 4, SPW_STATE_RESIDENT), 4);
+  ASSERT_EQ(test_count_in(f.rt, f.b, 4, SPW_STATE_RESIDENT), 4);
   ASSERT_UEQ(after.unspills - before.unspills, 4);
   ASSERT_UEQ(after.hints_merged - before.hints_merged, 4 * 100 - 4);
   ASSERT_UEQ(after.hints_pending, 0);
@@ -109,7 +103,7 @@ static void a_burst_of_prefetches_moves_each_buffer_at_most_once(void) {
   gate_open(&g);
   ASSERT_OK(spw_wait_idle(f.rt));
   const spw_stats_t after = stats_of(f.rt);
-  const int resident = count_in(f.rt, f.b, NB, SPW_STATE_RESIDENT);
+  const int resident = (int)test_count_in(f.rt, f.b, NB, SPW_STATE_RESIDENT);
   printf("  %d resident, %llu unspills, %llu dropped, %llu merged\n", resident,
          (unsigned long long)(after.unspills - before.unspills),
          (unsigned long long)(after.prefetch_dropped - before.prefetch_dropped),
@@ -257,7 +251,7 @@ static void a_hint_after_its_lane_passed_the_buffer_is_carried_out(void) {
 static void prefetch_first(fixture_t *f, int k) {
   ASSERT_OK(spw_prefetch_n(f->rt, f->b, (size_t)k, f->s));
   ASSERT_OK(spw_wait_idle(f->rt));
-  ASSERT_EQ(count_in(f->rt, f->b, k, SPW_STATE_RESIDENT), k);
+  ASSERT_EQ(test_count_in(f->rt, f->b, k, SPW_STATE_RESIDENT), k);
 }
 
 /* A prefetch makes room only from buffers nobody said they would use next: what an earlier
@@ -268,8 +262,8 @@ static void a_prefetch_never_pushes_out_an_unconsumed_prefetch(void) {
   const spw_stats_t before = stats_of(f.rt);
   ASSERT_OK(spw_prefetch_n(f.rt, f.b + 6, 6, f.s));
   ASSERT_OK(spw_wait_idle(f.rt));
-  ASSERT_EQ(count_in(f.rt, f.b, 6, SPW_STATE_RESIDENT), 6);   /* all still there */
-  ASSERT_EQ(count_in(f.rt, f.b + 6, 6, SPW_STATE_RESIDENT), 1); /* 7 MiB stay below 7.6 */
+  ASSERT_EQ(test_count_in(f.rt, f.b, 6, SPW_STATE_RESIDENT), 6);   /* all still there */
+  ASSERT_EQ(test_count_in(f.rt, f.b + 6, 6, SPW_STATE_RESIDENT), 1); /* 7 MiB stay below 7.6 */
   ASSERT_UEQ(stats_of(f.rt).prefetch_dropped - before.prefetch_dropped, 5);
   ASSERT_UEQ(stats_of(f.rt).spills, before.spills);
   /* b[0] is used: consumed, it may now make room for the next prefetch. */
@@ -279,8 +273,8 @@ static void a_prefetch_never_pushes_out_an_unconsumed_prefetch(void) {
   ASSERT_OK(spw_prefetch_n(f.rt, f.b + 6, 6, f.s));
   ASSERT_OK(spw_wait_idle(f.rt));
   ASSERT_TRUE(state_of(f.rt, f.b[0]) != SPW_STATE_RESIDENT);
-  ASSERT_EQ(count_in(f.rt, f.b + 1, 5, SPW_STATE_RESIDENT), 5);
-  ASSERT_EQ(count_in(f.rt, f.b + 6, 6, SPW_STATE_RESIDENT), 2);
+  ASSERT_EQ(test_count_in(f.rt, f.b + 1, 5, SPW_STATE_RESIDENT), 5);
+  ASSERT_EQ(test_count_in(f.rt, f.b + 6, 6, SPW_STATE_RESIDENT), 2);
   fixture_close(&f);
 }
 
@@ -291,7 +285,7 @@ static void an_allocation_may_push_out_prefetched_buffers(void) {
   prefetch_first(&f, 7);
   spw_buf_t big;
   ASSERT_OK(spw_alloc(f.rt, 4 * MIB, f.s, &big));
-  ASSERT_LE(count_in(f.rt, f.b, 7, SPW_STATE_RESIDENT), 4);
+  ASSERT_LE(test_count_in(f.rt, f.b, 7, SPW_STATE_RESIDENT), 4);
   ASSERT_OK(spw_free(f.rt, big));
   fixture_close(&f);
 }
@@ -308,7 +302,7 @@ static void the_background_never_spills_an_unconsumed_prefetch(void) {
   ASSERT_OK(spw_alloc(f.rt, MIB, f.s, &x));
   ASSERT_OK(spw_acquire(f.rt, x, f.s, 0, &d)); /* locked: no victim either */
   ASSERT_OK(spw_wait_idle(f.rt));
-  ASSERT_EQ(count_in(f.rt, f.b, 7, SPW_STATE_RESIDENT), 7);
+  ASSERT_EQ(test_count_in(f.rt, f.b, 7, SPW_STATE_RESIDENT), 7);
   ASSERT_UEQ(stats_of(f.rt).spills, before.spills);
   ASSERT_OK(spw_stream_synchronize(f.rt, f.s));
   ASSERT_OK(spw_free(f.rt, x));
@@ -336,7 +330,7 @@ static void prefetches_past_the_low_watermark_get_room_made_in_the_background(vo
   ASSERT_UEQ(after.spills_background - before.spills_background, 1);
   ASSERT_UEQ(after.spills_on_demand, before.spills_on_demand);
   ASSERT_EQ(state_of(f.rt, f.b[6]), SPW_STATE_RESIDENT); /* the prefetched one stays */
-  ASSERT_EQ(count_in(f.rt, f.b, 6, SPW_STATE_RESIDENT), 5);
+  ASSERT_EQ(test_count_in(f.rt, f.b, 6, SPW_STATE_RESIDENT), 5);
   ASSERT_LE(after.device_bytes, after.device_limit * 85 / 100);
   fixture_close(&f);
 }
@@ -377,7 +371,7 @@ static void host_memory_is_pinned_ahead_for_spilled_data_not_clean_copies(void) 
   const spw_stats_t after = stats_of(rt);
   ASSERT_UEQ(after.spills_background - before.spills_background, 1); /* the step ran */
   ASSERT_EQ(state_of(rt, stays), SPW_STATE_HOST);
-  ASSERT_EQ(count_in(rt, b, BACK, SPW_STATE_RESIDENT), BACK);
+  ASSERT_EQ(test_count_in(rt, b, BACK, SPW_STATE_RESIDENT), BACK);
   ASSERT_UEQ(after.host_pinned_bytes, before.host_pinned_bytes);
   test_expect_fill(rt, stays, s, MIB, 299);
   for (int i = 0; i < N; i++) test_expect_fill(rt, b[i], s, MIB, 300 + (uint64_t)i);

@@ -78,12 +78,6 @@ static void expect_intact(const spw_buf_t *b, size_t n) {
   for (size_t i = 0; i < n; i++) test_expect_fill(borrower, b[i], bs, BUF, 100 + i);
 }
 
-static size_t count_in(const spw_buf_t *b, size_t n, spw_state_t state) {
-  size_t k = 0;
-  for (size_t i = 0; i < n; i++) k += state_of(borrower, b[i]) == state;
-  return k;
-}
-
 /* n buffers of BUF bytes, written, then all spilled to the borrower's HOST tier target. */
 static void fill_and_spill(spw_buf_t *b, size_t n) {
   for (size_t i = 0; i < n; i++) b[i] = filled(BUF, 100 + i);
@@ -95,7 +89,7 @@ static void spills_go_to_lent_memory_first(void) {
   ASSERT_OK(spw_peer_lend(lender, borrower, 16 * MIB));
   spw_buf_t b[4];
   fill_and_spill(b, 4);
-  ASSERT_EQ(count_in(b, 4, SPW_STATE_PEER), 4);
+  ASSERT_EQ(test_count_in(borrower, b, 4, SPW_STATE_PEER), 4);
   spw_tier_t tier;
   ASSERT_OK(spw_buf_tier(borrower, b[0], &tier));
   ASSERT_EQ(tier, SPW_TIER_PEER);
@@ -120,8 +114,8 @@ static void full_lent_memory_falls_back_to_host(void) {
   ASSERT_OK(spw_peer_lend(lender, borrower, 4 * MIB));
   spw_buf_t b[5];
   fill_and_spill(b, 5);
-  ASSERT_EQ(count_in(b, 5, SPW_STATE_PEER), 2);
-  ASSERT_EQ(count_in(b, 5, SPW_STATE_HOST), 3);
+  ASSERT_EQ(test_count_in(borrower, b, 5, SPW_STATE_PEER), 2);
+  ASSERT_EQ(test_count_in(borrower, b, 5, SPW_STATE_HOST), 3);
   spw_stats_t st = stats_of(borrower);
   ASSERT_EQ(st.peer_bytes, 2 * BUF);
   ASSERT_EQ(st.host_bytes, 3 * BUF);
@@ -145,7 +139,7 @@ static void reclaim_moves_buffers_on_to_host(void) {
   spw_buf_t b[4];
   fill_and_spill(b, 4);
   ASSERT_OK(spw_peer_reclaim(lender, borrower));
-  ASSERT_EQ(count_in(b, 4, SPW_STATE_HOST), 4);
+  ASSERT_EQ(test_count_in(borrower, b, 4, SPW_STATE_HOST), 4);
   spw_stats_t st = stats_of(borrower);
   ASSERT_EQ(st.peer_returns, 4);
   ASSERT_EQ(st.peer_return_bytes, 4 * BUF);
@@ -168,10 +162,10 @@ static void reclaim_with_host_memory_full_moves_buffers_to_disk(void) {
   ASSERT_OK(spw_peer_lend(lender, borrower, 16 * MIB));
   spw_buf_t b[6];
   fill_and_spill(b, 6);
-  ASSERT_EQ(count_in(b, 6, SPW_STATE_PEER), 6);
+  ASSERT_EQ(test_count_in(borrower, b, 6, SPW_STATE_PEER), 6);
   ASSERT_OK(spw_peer_reclaim(lender, borrower));
-  ASSERT_EQ(count_in(b, 6, SPW_STATE_PEER), 0);
-  ASSERT_TRUE(count_in(b, 6, SPW_STATE_DISK) >= 4);
+  ASSERT_EQ(test_count_in(borrower, b, 6, SPW_STATE_PEER), 0);
+  ASSERT_TRUE(test_count_in(borrower, b, 6, SPW_STATE_DISK) >= 4);
   ASSERT_EQ(stats_of(borrower).peer_returns, 6);
   expect_intact(b, 6);
 }
@@ -185,7 +179,7 @@ static void reclaim_with_nowhere_to_go_fails_and_keeps_every_byte(void) {
   fill_and_spill(b, 6);
   int st = spw_peer_reclaim(lender, borrower);
   ASSERT_EQ(st, SPW_ERR_HOST_OUT_OF_MEMORY);
-  ASSERT_EQ(count_in(b, 6, SPW_STATE_PEER), 4); /* two moved on; the rest stayed */
+  ASSERT_EQ(test_count_in(borrower, b, 6, SPW_STATE_PEER), 4); /* two moved on; the rest stayed */
   ASSERT_EQ(stats_of(lender).lent_bytes, 16 * MIB);
   expect_intact(b, 6);
 }
@@ -196,7 +190,7 @@ static void explicit_spill_to_disk_of_a_peer_buffer_goes_through_the_device(void
   fill_and_spill(b, 2);
   ASSERT_OK(spw_spill_n(borrower, b, 2, SPW_TIER_DISK));
   ASSERT_OK(spw_wait_idle(borrower));
-  ASSERT_EQ(count_in(b, 2, SPW_STATE_DISK), 2);
+  ASSERT_EQ(test_count_in(borrower, b, 2, SPW_STATE_DISK), 2);
   ASSERT_EQ(stats_of(borrower).peer_bytes, 0);
   expect_intact(b, 2);
 }
@@ -211,7 +205,7 @@ static void lender_takes_its_memory_back_when_its_own_work_needs_it(void) {
   ASSERT_OK(spw_alloc(lender, 40 * MIB, ls, &big));
   ASSERT_OK(spw_acquire(lender, big, ls, 0, &d));
   ASSERT_EQ(stats_of(lender).lent_bytes, 0);
-  ASSERT_EQ(count_in(b, 4, SPW_STATE_HOST), 4);
+  ASSERT_EQ(test_count_in(borrower, b, 4, SPW_STATE_HOST), 4);
   ASSERT_OK(spw_stream_synchronize(lender, ls));
   ASSERT_OK(spw_free(lender, big));
   expect_intact(b, 4);
@@ -239,7 +233,7 @@ static void lending_more_than_is_free_takes_back_an_earlier_loan(void) {
   ASSERT_OK(spw_peer_lend(lender, third, 32 * MIB)); /* 48 + 32 > 64: the first loan goes */
   ASSERT_EQ(stats_of(lender).lent_bytes, 32 * MIB);
   ASSERT_EQ(stats_of(borrower).peer_limit, 0);
-  ASSERT_EQ(count_in(b, 3, SPW_STATE_HOST), 3);
+  ASSERT_EQ(test_count_in(borrower, b, 3, SPW_STATE_HOST), 3);
   ASSERT_OK(spw_runtime_destroy(third));
   expect_intact(b, 3);
 }
@@ -265,7 +259,7 @@ static void destroying_the_lender_first_moves_the_buffers_on(void) {
   fill_and_spill(b, 3);
   ASSERT_OK(spw_runtime_destroy(lender));
   lender = NULL;
-  ASSERT_EQ(count_in(b, 3, SPW_STATE_HOST), 3);
+  ASSERT_EQ(test_count_in(borrower, b, 3, SPW_STATE_HOST), 3);
   ASSERT_EQ(stats_of(borrower).peer_limit, 0);
   expect_intact(b, 3);
 }

@@ -51,12 +51,6 @@ static spw_buf_t *filled_buffers(void) {
   return b;
 }
 
-static size_t count_in(const spw_buf_t *b, spw_state_t st) {
-  size_t k = 0;
-  for (size_t i = 0; i < NB; i++) k += state_of(rt, b[i]) == st;
-  return k;
-}
-
 static void expect_and_free(spw_buf_t *b) {
   for (size_t i = 0; i < NB; i++) test_expect_fill(rt, b[i], s, BYTES, 500 + i);
   for (size_t i = 0; i < NB; i++) ASSERT_OK(spw_free(rt, b[i]));
@@ -71,11 +65,11 @@ static void spill_fails_once_then_lands(size_t bytes) {
   ASSERT_STATUS(spw_wait_idle(rt), SPW_ERR_SYSTEM);
   atomic_store(&fail_size, 0); /* in case it was not reached: the next line says so */
   ASSERT_EQ(atomic_load(&failures), 1);
-  ASSERT_EQ(count_in(b, SPW_STATE_RESIDENT), NB);
+  ASSERT_EQ(test_count_in(rt, b, NB, SPW_STATE_RESIDENT), NB);
 
   ASSERT_OK(spw_spill_n(rt, b, NB, SPW_TIER_HOST));
   ASSERT_OK(spw_wait_idle(rt));
-  ASSERT_EQ(count_in(b, SPW_STATE_HOST), NB);
+  ASSERT_EQ(test_count_in(rt, b, NB, SPW_STATE_HOST), NB);
   expect_and_free(b);
 }
 

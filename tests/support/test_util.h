@@ -87,6 +87,13 @@ static inline spw_state_t state_of(spw_runtime_t *rt, spw_buf_t b) {
   ASSERT_OK(spw_buf_state(rt, b, &s));
   return s;
 }
+/* How many of b[0..n) are in state `st`. */
+static inline size_t test_count_in(spw_runtime_t *rt, const spw_buf_t *b, size_t n,
+                                   spw_state_t st) {
+  size_t k = 0;
+  for (size_t i = 0; i < n; i++) k += state_of(rt, b[i]) == st;
+  return k;
+}
 
 /* What a spill moved: spw_spill_n of bufs[0..n) to `tier`, waited for, counted. */
 typedef struct test_spilled {
