@@ -19,10 +19,20 @@
  *     held stream: the GPU's pace, which a raw loop keeps to where its caller is faster.
  * Each figure is the median of --reps rounds (default 7), in microseconds per copy. The last
  * column is the caller's cost with the event over the GPU's pace: below 1, a caller that
- * does nothing else keeps ahead of the copies. No Spillway call. Not a test: nothing asserts
- * on time; it exits 77 without a GPU, 1 if a CUDA call fails, 2 on a bad option. */
+ * does nothing else keeps ahead of the copies.
+ *
+ * The same copies cost the caller more in some processes than in others. To see whether the
+ * state a runtime such as Spillway keeps is why, options add some of it before the timing:
+ * --events=N live events, each recorded once (Spillway keeps one per buffer that came back
+ * from host); --streams=N more streams, each used once (its lanes, slices and stages);
+ * --registered=BYTES more host memory registered as its arena's slabs are; --pollers=N
+ * threads that each query a completed event every 20 us (its completion poller's pattern
+ * while work flows). No Spillway call. Not a test: nothing asserts on time; it exits 77
+ * without a GPU, 1 if a CUDA call fails, 2 on a bad option. */
 #include <cuda_runtime.h>
+#include <pthread.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include <stdint.h>
 #include <stdio.h>
@@ -151,18 +161,104 @@ void run_size(const bench &b, size_t size) {
   CK(cudaFreeHost(pinned));
 }
 
+/* What --events, --streams, --registered and --pollers add to the process. */
+struct extra_state {
+  uint64_t nevents, nstreams, registered, npollers;
+  cudaEvent_t *events, done;
+  cudaStream_t *streams;
+  void *host;
+  pthread_t *pollers;
+  volatile int stop; /* read by the pollers, written once by main after the timing */
+};
+
+void *poll_loop(void *arg) {
+  extra_state *x = (extra_state *)arg;
+  const timespec pause = {0, 20000};
+  while (!x->stop) {
+    (void)cudaEventQuery(x->done);
+    nanosleep(&pause, NULL);
+  }
+  return NULL;
+}
+
+void extra_start(extra_state *x, cudaStream_t s) {
+  x->events = (cudaEvent_t *)calloc(x->nevents + 1, sizeof *x->events);
+  x->streams = (cudaStream_t *)calloc(x->nstreams + 1, sizeof *x->streams);
+  x->pollers = (pthread_t *)calloc(x->npollers + 1, sizeof *x->pollers);
+  if (!x->events || !x->streams || !x->pollers) {
+    fprintf(stderr, "enqueue_cost: out of host memory\n");
+    exit(1);
+  }
+  for (uint64_t i = 0; i < x->nevents; i++) {
+    CK(cudaEventCreateWithFlags(&x->events[i], cudaEventDisableTiming));
+    CK(cudaEventRecord(x->events[i], s));
+  }
+  void *scratch;
+  if (x->nstreams) CK(cudaMalloc(&scratch, 4096));
+  for (uint64_t i = 0; i < x->nstreams; i++) {
+    CK(cudaStreamCreateWithFlags(&x->streams[i], cudaStreamNonBlocking));
+    CK(cudaMemsetAsync(scratch, 0, 4096, x->streams[i]));
+    CK(cudaStreamSynchronize(x->streams[i]));
+  }
+  if (x->nstreams) CK(cudaFree(scratch));
+  if (x->registered) {
+    x->host = mmap(NULL, x->registered, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_POPULATE, -1, 0);
+    if (x->host == MAP_FAILED) {
+      fprintf(stderr, "enqueue_cost: mmap of --registered failed\n");
+      exit(1);
+    }
+    CK(cudaHostRegister(x->host, x->registered,
+                        cudaHostRegisterPortable | cudaHostRegisterMapped));
+  }
+  CK(cudaEventCreateWithFlags(&x->done, cudaEventDisableTiming));
+  CK(cudaEventRecord(x->done, s));
+  CK(cudaStreamSynchronize(s));
+  for (uint64_t i = 0; i < x->npollers; i++)
+    if (pthread_create(&x->pollers[i], NULL, poll_loop, x) != 0) {
+      fprintf(stderr, "enqueue_cost: pthread_create failed\n");
+      exit(1);
+    }
+}
+
+void extra_stop(extra_state *x) {
+  x->stop = 1;
+  for (uint64_t i = 0; i < x->npollers; i++) pthread_join(x->pollers[i], NULL);
+  for (uint64_t i = 0; i < x->nevents; i++) CK(cudaEventDestroy(x->events[i]));
+  for (uint64_t i = 0; i < x->nstreams; i++) CK(cudaStreamDestroy(x->streams[i]));
+  if (x->registered) {
+    CK(cudaHostUnregister(x->host));
+    munmap(x->host, x->registered);
+  }
+  CK(cudaEventDestroy(x->done));
+  free(x->events);
+  free(x->streams);
+  free(x->pollers);
+}
+
 } // namespace
 
 int main(int argc, char **argv) {
-  static const char *const known[] = {"sizes", "calls", "reps", NULL};
+  static const char *const known[] = {"sizes",     "calls",      "reps",    "events",
+                                      "streams",   "registered", "pollers", NULL};
+  extra_state extra;
+  memset(&extra, 0, sizeof extra);
   static const uint64_t def_sizes[] = {4096, 65536};
   uint64_t sizes[BENCH_MAX_LIST], calls = 0, reps = 0;
   size_t nsizes = 0;
   if (bench_opt_check(argc, argv, known) ||
       bench_opt_size_list(argc, argv, "sizes", def_sizes, 2, sizes, &nsizes) ||
       bench_opt_uint(argc, argv, "calls", 512, &calls) ||
-      bench_opt_uint(argc, argv, "reps", 7, &reps))
+      bench_opt_uint(argc, argv, "reps", 7, &reps) ||
+      bench_opt_uint(argc, argv, "events", 0, &extra.nevents) ||
+      bench_opt_uint(argc, argv, "streams", 0, &extra.nstreams) ||
+      bench_opt_size_or_zero(argc, argv, "registered", 0, &extra.registered) ||
+      bench_opt_uint(argc, argv, "pollers", 0, &extra.npollers))
     return 2;
+  if (extra.nevents > (1u << 20) || extra.nstreams > 1024 || extra.npollers > 64) {
+    fprintf(stderr, "enqueue_cost: --events is at most 1048576, --streams 1024, --pollers 64\n");
+    return 2;
+  }
   if (calls < 1 || calls > 65536 || reps < 1 || reps > kMaxReps) {
     fprintf(stderr, "enqueue_cost: --calls is 1 to 65536, --reps 1 to %zu\n", kMaxReps);
     return 2;
@@ -192,8 +288,13 @@ int main(int argc, char **argv) {
   CK(cudaEventCreate(&b.t0));
   CK(cudaEventCreate(&b.t1));
 
+  extra_start(&extra, b.s);
   printf("## enqueue_cost: %s, %zu host-to-device copies per round, median of %u rounds\n\n",
          env.device_name, b.calls, b.reps);
+  if (extra.nevents || extra.nstreams || extra.registered || extra.npollers)
+    printf("added first: %llu live events, %llu streams, %llu MiB registered, %llu pollers\n\n",
+           (unsigned long long)extra.nevents, (unsigned long long)extra.nstreams,
+           (unsigned long long)(extra.registered >> 20), (unsigned long long)extra.npollers);
   printf("the calling thread's µs per copy with the stream held (memcpy, + event record, "
          "direction given), the GPU's µs per copy, and the caller's cost with the event over "
          "the GPU's\n\n");
@@ -205,6 +306,7 @@ int main(int argc, char **argv) {
            "ms (a stall in the driver): in the medians, not removed\n",
            past_held, nsizes * 4 * 3 * (size_t)b.reps, kHeldNs / 1e6);
 
+  extra_stop(&extra);
   for (size_t i = 0; i < b.calls; i++) CK(cudaEventDestroy(b.ev[i]));
   free(b.ev);
   CK(cudaEventDestroy(b.t0));
