@@ -15,6 +15,8 @@
  *     thread's own cost is timed and not the GPU's pace;
  *   - "+ event": the same with a cudaEventRecord after each copy (what an acquire enqueues);
  *   - "kind given": the first with cudaMemcpyHostToDevice instead of cudaMemcpyDefault;
+ *   - "driver API", "+ event": cuMemcpyHtoDAsync (and cuEventRecord), reached through
+ *     cudaGetDriverEntryPointByVersion as the library reaches the driver;
  *   - "GPU per copy": the copies alone, timed with CUDA events around the loop without the
  *     held stream: the GPU's pace, which a raw loop keeps to where its caller is faster.
  * Each figure is the median of --reps rounds (default 7), in microseconds per copy. The last
@@ -29,7 +31,9 @@
  * threads that each query a completed event every 20 us (its completion poller's pattern
  * while work flows). No Spillway call. Not a test: nothing asserts on time; it exits 77
  * without a GPU, 1 if a CUDA call fails, 2 on a bad option. */
+#include <cuda.h>
 #include <cuda_runtime.h>
+#include <cudaTypedefs.h>
 #include <pthread.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -63,7 +67,30 @@ constexpr size_t kMaxReps = 64;
  * the caller (the GPU's pace may then show in them). Reported, and left to the medians. */
 unsigned past_held;
 
-enum mode { M_MEMCPY, M_EVENT, M_KIND, M_GPU, M_COUNT };
+enum mode { M_MEMCPY, M_EVENT, M_KIND, M_DRV, M_DRV_EVENT, M_GPU, M_COUNT };
+
+/* The driver API's copy and event record, reached as the library reaches the driver
+ * (cudaGetDriverEntryPointByVersion): what the runtime API's layer costs per call. */
+PFN_cuMemcpyHtoDAsync_v3020 p_htod;
+PFN_cuEventRecord_v2000 p_record;
+
+void *entry(const char *name) {
+  void *fn = NULL;
+  cudaDriverEntryPointQueryResult q;
+  CK(cudaGetDriverEntryPointByVersion(name, &fn, 12000, cudaEnableDefault, &q));
+  if (!fn || q != cudaDriverEntryPointSuccess) {
+    fprintf(stderr, "enqueue_cost: driver entry point %s not found\n", name);
+    exit(1);
+  }
+  return fn;
+}
+
+void check_drv(CUresult r, const char *what) {
+  if (r != CUDA_SUCCESS) {
+    fprintf(stderr, "enqueue_cost: %s failed (CUresult %d)\n", what, (int)r);
+    exit(1);
+  }
+}
 
 struct memory {
   const char *host_kind, *device_kind;
@@ -91,9 +118,17 @@ double round_us(const bench &b, const memory &m, size_t size, mode md, bool time
   }
   const cudaMemcpyKind kind = md == M_KIND ? cudaMemcpyHostToDevice : cudaMemcpyDefault;
   const double t0 = bench_now();
-  for (size_t i = 0; i < b.calls; i++) {
-    CK(cudaMemcpyAsync(m.dev[i], m.host + i * size, size, kind, b.s));
-    if (md == M_EVENT) CK(cudaEventRecord(b.ev[i], b.s));
+  if (md == M_DRV || md == M_DRV_EVENT) {
+    for (size_t i = 0; i < b.calls; i++) {
+      check_drv(p_htod((CUdeviceptr)m.dev[i], m.host + i * size, size, (CUstream)b.s),
+                "cuMemcpyHtoDAsync");
+      if (md == M_DRV_EVENT) check_drv(p_record((CUevent)b.ev[i], (CUstream)b.s), "cuEventRecord");
+    }
+  } else {
+    for (size_t i = 0; i < b.calls; i++) {
+      CK(cudaMemcpyAsync(m.dev[i], m.host + i * size, size, kind, b.s));
+      if (md == M_EVENT) CK(cudaEventRecord(b.ev[i], b.s));
+    }
   }
   const double caller = (bench_now() - t0) / (double)b.calls * 1e6;
   float ms = 0;
@@ -116,8 +151,9 @@ void measure(const bench &b, const memory &m, size_t size) {
   for (int md = 0; md < M_COUNT; md++) med[md] = bench_median(r[md], b.reps);
   char sz[32];
   bench_fmt_size(size, sz, sizeof sz);
-  printf("| %s | %s | %s | %.3f | %.3f | %.3f | %.3f | %.2f |\n", sz, m.host_kind, m.device_kind,
-         med[M_MEMCPY], med[M_EVENT], med[M_KIND], med[M_GPU], med[M_EVENT] / med[M_GPU]);
+  printf("| %s | %s | %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.2f |\n", sz, m.host_kind,
+         m.device_kind, med[M_MEMCPY], med[M_EVENT], med[M_KIND], med[M_DRV], med[M_DRV_EVENT],
+         med[M_GPU], med[M_EVENT] / med[M_GPU]);
 }
 
 void run_size(const bench &b, size_t size) {
@@ -271,6 +307,8 @@ int main(int argc, char **argv) {
   bench_env_t env;
   if (bench_env_init(&env) != 0) return 1;
   CK(cudaSetDevice(env.device));
+  p_htod = (PFN_cuMemcpyHtoDAsync_v3020)entry("cuMemcpyHtoDAsync");
+  p_record = (PFN_cuEventRecord_v2000)entry("cuEventRecord");
   bench b;
   b.calls = (size_t)calls;
   b.reps = (unsigned)reps;
@@ -296,15 +334,16 @@ int main(int argc, char **argv) {
            (unsigned long long)extra.nevents, (unsigned long long)extra.nstreams,
            (unsigned long long)(extra.registered >> 20), (unsigned long long)extra.npollers);
   printf("the calling thread's µs per copy with the stream held (memcpy, + event record, "
-         "direction given), the GPU's µs per copy, and the caller's cost with the event over "
-         "the GPU's\n\n");
-  printf("| size | host | device | memcpy | + event | kind given | GPU per copy | "
-         "(+ event) / GPU |\n| ---: | --- | --- | ---: | ---: | ---: | ---: | ---: |\n");
+         "direction given; the driver API's cuMemcpyHtoDAsync, + cuEventRecord), the GPU's µs "
+         "per copy, and the caller's cost with the runtime API's event over the GPU's\n\n");
+  printf("| size | host | device | memcpy | + event | kind given | driver API | driver API + "
+         "event | GPU per copy | (+ event) / GPU |\n| ---: | --- | --- | ---: | ---: | ---: | "
+         "---: | ---: | ---: | ---: |\n");
   for (size_t i = 0; i < nsizes; i++) run_size(b, (size_t)sizes[i]);
   if (past_held)
     printf("\n%u timed round(s) of %zu took the caller longer than half the held stream's %.0f "
            "ms (a stall in the driver): in the medians, not removed\n",
-           past_held, nsizes * 4 * 3 * (size_t)b.reps, kHeldNs / 1e6);
+           past_held, nsizes * 4 * (M_COUNT - 1) * (size_t)b.reps, kHeldNs / 1e6);
 
   extra_stop(&extra);
   for (size_t i = 0; i < b.calls; i++) CK(cudaEventDestroy(b.ev[i]));

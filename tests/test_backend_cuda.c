@@ -495,6 +495,45 @@ static void test_event_query_not_ready_until_host_func_returns(void) {
   gate_fini(&g);
 }
 
+typedef struct record_on_thread {
+  spw_bevent_t *e;
+  spw_stream_t s;
+  int status;
+} record_on_thread_t;
+
+static void *record_fn(void *arg) {
+  record_on_thread_t *r = arg;
+  r->status = ops->event_record(be, r->e, r->s);
+  return NULL;
+}
+
+/* Events are recorded through the driver API, which needs a current context: a thread whose
+ * first CUDA call is the record (an application thread that acquires before anything else)
+ * must still record it, behind the work already on the stream, and no error is reported. */
+static void test_an_event_records_on_a_thread_that_made_no_cuda_call(void) {
+  spw_backend_t *b = be;
+  gate_t g;
+  gate_init(&g);
+  spw_stream_t s;
+  ASSERT_OK(ops->stream_create(b, &s));
+  record_on_thread_t r = {.s = s, .status = -1};
+  ASSERT_OK(ops->event_create(b, &r.e));
+  ASSERT_OK(ops->launch_host_func(b, s, gate_wait_fn, &g));
+  const int reports = sink.calls;
+  pthread_t t;
+  ASSERT_EQ(pthread_create(&t, NULL, record_fn, &r), 0);
+  ASSERT_EQ(pthread_join(t, NULL), 0);
+  ASSERT_OK(r.status);
+  ASSERT_EQ(sink.calls, reports);
+  sleep_ms(20);
+  ASSERT_STATUS(ops->event_query(b, r.e), SPW_ERR_NOT_READY);
+  gate_open(&g);
+  ASSERT_OK(ops->event_sync(b, r.e));
+  ops->event_destroy(b, r.e);
+  ASSERT_OK(ops->stream_destroy(b, s));
+  gate_fini(&g);
+}
+
 /* Stream b waits on an event of stream a, which a host function holds back: b's copy must
  * not land before the gate opens. (A copy, not a host function, on b: CUDA may run all host
  * functions on one thread, which would order them without any wait.) */
@@ -605,6 +644,7 @@ static const spw_test_t tests[] = {
     TEST(test_a_stage_is_for_a_stream_the_backend_made),
     TEST(test_event_never_recorded_is_complete),
     TEST(test_event_query_not_ready_until_host_func_returns),
+    TEST(test_an_event_records_on_a_thread_that_made_no_cuda_call),
     TEST(test_stream_wait_event_orders_streams),
     TEST(test_alloc_beyond_device_is_out_of_memory),
     TEST(test_freed_memory_stays_cached_until_trim),
