@@ -31,6 +31,8 @@
  * threads that each query a completed event every 20 us (its completion poller's pattern
  * while work flows). No Spillway call. Not a test: nothing asserts on time; it exits 77
  * without a GPU, 1 if a CUDA call fails, 2 on a bad option. */
+#include <atomic>
+
 #include <cuda.h>
 #include <cuda_runtime.h>
 #include <cudaTypedefs.h>
@@ -204,13 +206,13 @@ struct extra_state {
   cudaStream_t *streams;
   void *host;
   pthread_t *pollers;
-  volatile int stop; /* read by the pollers, written once by main after the timing */
+  std::atomic<bool> stop; /* read by the pollers, set once by main after the timing */
 };
 
 void *poll_loop(void *arg) {
   extra_state *x = (extra_state *)arg;
   const timespec pause = {0, 20000};
-  while (!x->stop) {
+  while (!x->stop.load(std::memory_order_relaxed)) {
     (void)cudaEventQuery(x->done);
     nanosleep(&pause, NULL);
   }
@@ -258,7 +260,7 @@ void extra_start(extra_state *x, cudaStream_t s) {
 }
 
 void extra_stop(extra_state *x) {
-  x->stop = 1;
+  x->stop.store(true);
   for (uint64_t i = 0; i < x->npollers; i++) pthread_join(x->pollers[i], NULL);
   for (uint64_t i = 0; i < x->nevents; i++) CK(cudaEventDestroy(x->events[i]));
   for (uint64_t i = 0; i < x->nstreams; i++) CK(cudaStreamDestroy(x->streams[i]));
@@ -277,8 +279,7 @@ void extra_stop(extra_state *x) {
 int main(int argc, char **argv) {
   static const char *const known[] = {"sizes",     "calls",      "reps",    "events",
                                       "streams",   "registered", "pollers", NULL};
-  extra_state extra;
-  memset(&extra, 0, sizeof extra);
+  extra_state extra{};
   static const uint64_t def_sizes[] = {4096, 65536};
   uint64_t sizes[BENCH_MAX_LIST], calls = 0, reps = 0;
   size_t nsizes = 0;

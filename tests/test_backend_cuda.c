@@ -21,6 +21,8 @@ int main(void) {
 }
 #else
 
+#include <cuda.h>
+#include <cudaTypedefs.h>
 #include <cuda_runtime_api.h>
 #include <sys/mman.h>
 #include <time.h>
@@ -498,11 +500,19 @@ static void test_event_query_not_ready_until_host_func_returns(void) {
 typedef struct record_on_thread {
   spw_bevent_t *e;
   spw_stream_t s;
+  PFN_cuCtxGetCurrent_v4000 ctx_get_current; /* looked up on the main thread */
+  int had_context;                           /* before the record, after cudaGetDevice */
   int status;
 } record_on_thread_t;
 
 static void *record_fn(void *arg) {
   record_on_thread_t *r = arg;
+  /* What the backend's record does first (use_device), then whether that left a context
+   * current: where it did not, the driver's cuEventRecord alone would fail here. */
+  int dev = -1;
+  CUcontext ctx = NULL;
+  (void)cudaGetDevice(&dev);
+  r->had_context = r->ctx_get_current(&ctx) == CUDA_SUCCESS && ctx != NULL;
   r->status = ops->event_record(be, r->e, r->s);
   return NULL;
 }
@@ -517,6 +527,11 @@ static void test_an_event_records_on_a_thread_that_made_no_cuda_call(void) {
   spw_stream_t s;
   ASSERT_OK(ops->stream_create(b, &s));
   record_on_thread_t r = {.s = s, .status = -1};
+  void *fn = NULL;
+  enum cudaDriverEntryPointQueryResult q;
+  ASSERT_TRUE(cudaGetDriverEntryPointByVersion("cuCtxGetCurrent", &fn, 12000, cudaEnableDefault,
+                                               &q) == cudaSuccess && fn != NULL);
+  memcpy(&r.ctx_get_current, &fn, sizeof fn);
   ASSERT_OK(ops->event_create(b, &r.e));
   ASSERT_OK(ops->launch_host_func(b, s, gate_wait_fn, &g));
   const int reports = sink.calls;
@@ -525,6 +540,8 @@ static void test_an_event_records_on_a_thread_that_made_no_cuda_call(void) {
   ASSERT_EQ(pthread_join(t, NULL), 0);
   ASSERT_OK(r.status);
   ASSERT_EQ(sink.calls, reports);
+  printf("  the thread had %s\n", r.had_context ? "a current context (the driver recorded it)"
+                                                : "no current context (the runtime recorded it)");
   sleep_ms(20);
   ASSERT_STATUS(ops->event_query(b, r.e), SPW_ERR_NOT_READY);
   gate_open(&g);
