@@ -110,11 +110,16 @@ static int tiny_fraction(const number_t *num) {
          !all_zero(num->f, num->flen);
 }
 
-/* The number as a double (for expected settings; the verdict never depends on it). */
-static double number_value(span_t t) {
+/* The number as a double (for expected settings; the verdict never depends on it). Built
+ * from the digits without their leading zeros, so no length of zero padding changes it; the
+ * integer part only matters up to "100" and fraction digits past the buffer weigh < 1e-100. */
+static double number_value(const number_t *num) {
   char buf[128];
-  size_t n = t.n < sizeof buf - 1 ? t.n : sizeof buf - 1;
-  memcpy(buf, t.b, n);
+  size_t n = 0;
+  buf[n++] = '0';
+  for (size_t k = 0; k < num->ilen && n < 24; k++) buf[n++] = num->i[k];
+  buf[n++] = '.';
+  for (size_t k = 0; k < num->flen && n < sizeof buf - 1; k++) buf[n++] = num->f[k];
   buf[n] = '\0';
   return strtod(buf, NULL);
 }
@@ -131,7 +136,7 @@ static model_verdict_t bounded(span_t t, const char *bound, double *value, int *
   int above = num.ilen > strlen(bound) ||
               (num.ilen == strlen(bound) && memcmp(num.i, bound, num.ilen) > 0) ||
               (int_is(&num, bound) && !zero_frac);
-  *value = number_value(t);
+  *value = number_value(&num);
   int near = (num.ilen == 0 && tiny_fraction(&num)) || (int_is(&num, bound) && tiny_fraction(&num));
   if (near) return MODEL_EITHER;
   return positive(&num) && !above ? MODEL_OK : MODEL_BAD;
